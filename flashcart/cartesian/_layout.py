@@ -1,0 +1,28 @@
+"""Feature layout: rank blocks ``(2l+1, paths_l, F)`` concatenated by increasing rank."""
+
+from __future__ import annotations
+
+import torch
+
+from ._components import dim
+
+__all__ = ["split_ranks", "layout_width"]
+
+
+def layout_width(l_max: int, n_features: int, n_paths: list[int] | None = None) -> int:
+    """Width of a feature row: ``sum_l (2l+1) * paths_l * F``."""
+    paths = [1] * (l_max + 1) if n_paths is None else n_paths
+    return sum(dim(l) * p for l, p in enumerate(paths)) * n_features
+
+
+def split_ranks(
+    x: torch.Tensor, l_max: int, n_features: int, n_paths: list[int] | None = None
+) -> list[torch.Tensor]:
+    """Views ``[rows, 2l+1, paths_l * F]`` of each rank block of ``x: [rows, width]``."""
+    paths = [1] * (l_max + 1) if n_paths is None else n_paths
+    out, start = [], 0
+    for l, p in enumerate(paths):
+        size = dim(l) * p * n_features
+        out.append(x[:, start : start + size].reshape(x.shape[0], dim(l), p * n_features))
+        start += size
+    return out

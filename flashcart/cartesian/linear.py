@@ -1,0 +1,82 @@
+"""Equivariant linear maps: per-rank channel (and path) mixing."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._backend import check_backend, check_rank, resolve_backend
+from ._components import dim
+from ._layout import layout_width, split_ranks
+
+__all__ = ["EquivariantLinear"]
+
+
+class EquivariantLinear(torch.nn.Module):
+    """``y_l = x_l @ (W_l / sqrt(F_in * paths_l))^T`` for each rank, identical for every component.
+
+    Args:
+        in_l_max, out_l_max: rank limits; ranks above ``min(in, out)`` are dropped on input
+            or zero on output.
+        in_features, out_features: channels.
+        in_paths: paths per input rank (``None``: one; an int: that many for every rank;
+            a list: per rank), i.e. input blocks ``(2l+1, paths_l, F_in)``.
+        backend: ``"torch"``, ``"triton"`` or ``"auto"``.
+
+    Parameters ``weights[l]: [F_out, F_in * paths_l]``, initialised N(0, 1).
+    ``forward(x: [n, in_width]) -> [n, out_width]``.
+    """
+
+    def __init__(
+        self,
+        in_l_max: int,
+        out_l_max: int,
+        in_features: int,
+        out_features: int,
+        in_paths: int | list[int] | None = None,
+        backend: str = "auto",
+    ):
+        super().__init__()
+        check_rank(in_l_max, "in_l_max")
+        check_rank(out_l_max, "out_l_max")
+        if in_paths is None:
+            in_paths = [1] * (in_l_max + 1)
+        elif isinstance(in_paths, int):
+            in_paths = [in_paths] * (in_l_max + 1)
+        if len(in_paths) != in_l_max + 1:
+            raise ValueError(f"in_paths needs {in_l_max + 1} entries (ranks 0..{in_l_max}), got {len(in_paths)}")
+        self.in_l_max, self.out_l_max = in_l_max, out_l_max
+        self.in_features, self.out_features = in_features, out_features
+        self.in_paths = list(in_paths)
+        self.backend = check_backend(backend)
+        self.in_width = layout_width(in_l_max, in_features, self.in_paths)
+        self.out_width = layout_width(out_l_max, out_features)
+        n_mixed = min(in_l_max, out_l_max) + 1
+        self.weights = torch.nn.ParameterList(
+            [torch.nn.Parameter(torch.randn(out_features, in_features * self.in_paths[l])) for l in range(n_mixed)]
+        )
+        self.scales = [1.0 / math.sqrt(in_features * p) if p else 0.0 for p in self.in_paths[:n_mixed]]
+
+    def extra_repr(self) -> str:
+        return (
+            f"l_max {self.in_l_max} -> {self.out_l_max}, features {self.in_features} -> {self.out_features}, "
+            f"in_paths={self.in_paths}, backend={self.backend!r}"
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2 or x.shape[1] != self.in_width:
+            raise ValueError(f"EquivariantLinear expects [rows, {self.in_width}], got {tuple(x.shape)}")
+        if resolve_backend(self.backend, x) == "triton":
+            from ._triton.ops import equivariant_linear
+
+            return equivariant_linear(self, x)
+        blocks = split_ranks(x, self.in_l_max, self.in_features, self.in_paths)
+        out = []
+        for l in range(self.out_l_max + 1):
+            if l < len(self.weights):
+                y = torch.matmul(blocks[l], (self.weights[l] * self.scales[l]).T)
+                out.append(y.reshape(x.shape[0], -1))
+            else:
+                out.append(x.new_zeros(x.shape[0], dim(l) * self.out_features))
+        return torch.cat(out, dim=1)

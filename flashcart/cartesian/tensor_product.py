@@ -1,0 +1,153 @@
+"""Weighted tensor products of ICT features, dense or as a message-passing convolution."""
+
+from __future__ import annotations
+
+import torch
+
+from ._backend import check_backend, check_rank, resolve_backend, torch_ops
+from ._components import dim
+from ._layout import layout_width, split_ranks
+from ._paths import Path, enumerate_paths
+
+__all__ = ["TensorProduct"]
+
+
+class TensorProduct(torch.nn.Module):
+    """Channel-wise tensor product ``x1 ⊗ x2 -> out`` over all allowed paths.
+
+    Args:
+        in1_l_max, in2_l_max, out_l_max: rank limits of the inputs and the output.
+        in1_features, in2_features: channels of each input; equal, or one of them 1
+            (broadcast): output channel ``f`` uses channel ``f`` (or 0) of each input.
+        symmetric: use canonical pairs only (inputs must be identical).
+        shared_weights: one weight vector ``[n_paths * F]`` for all rows.
+        reduce_paths: sum the weighted outputs of the paths of each output rank.
+        backend: ``"torch"``, ``"triton"`` or ``"auto"``.
+
+    Attributes:
+        paths: the :class:`Path` list in weight order; ``n_paths``; ``n_paths_per_rank``;
+        ``weight_numel`` (``n_paths * F``); ``out_features`` (``F``); ``out_width``.
+
+    ``forward(x1, x2, weights, receivers=None, senders=None)``:
+
+    * dense: ``x1: [n, W1]``, ``x2: [n, W2]``, ``weights: [n, n_paths*F]`` or ``[n_paths*F]``
+      -> ``[n, out_width]``;
+    * convolution (both index tensors given, ``[E]`` int64, edges grouped by receiver):
+      ``x1: [n_nodes, W1]`` gathered at ``senders``, ``x2: [E, W2]``, ``weights: [E, n_paths*F]``
+      or shared; messages summed at ``receivers`` -> ``[n_nodes, out_width]``.
+
+    Output layout: rank blocks ``(2L+1, n_paths_L, F)``, or ``(2L+1, F)`` with ``reduce_paths``.
+    """
+
+    def __init__(
+        self,
+        in1_l_max: int,
+        in2_l_max: int,
+        out_l_max: int,
+        in1_features: int,
+        in2_features: int,
+        symmetric: bool = False,
+        shared_weights: bool = False,
+        reduce_paths: bool = False,
+        backend: str = "auto",
+    ):
+        super().__init__()
+        for name, value in (("in1_l_max", in1_l_max), ("in2_l_max", in2_l_max), ("out_l_max", out_l_max)):
+            check_rank(value, name)
+        if min(in1_features, in2_features) < 1:
+            raise ValueError(f"feature counts must be >= 1, got {in1_features} and {in2_features}")
+        if in1_features != in2_features and 1 not in (in1_features, in2_features):
+            raise ValueError(
+                f"in1_features={in1_features} and in2_features={in2_features}: channels pair "
+                "elementwise, so they must be equal or one of them must be 1"
+            )
+        if symmetric and (in1_l_max != in2_l_max or in1_features != in2_features):
+            raise ValueError("a symmetric product needs identical inputs (equal l_max and features)")
+        self.in1_l_max, self.in2_l_max, self.out_l_max = in1_l_max, in2_l_max, out_l_max
+        self.in1_features, self.in2_features = in1_features, in2_features
+        self.out_features = max(in1_features, in2_features)
+        self.symmetric, self.shared_weights, self.reduce_paths = symmetric, shared_weights, reduce_paths
+        self.backend = check_backend(backend)
+        self.paths: list[Path] = enumerate_paths(in1_l_max, in2_l_max, out_l_max, symmetric)
+        self.n_paths = len(self.paths)
+        self.n_paths_per_rank = [sum(p.l_out == l for p in self.paths) for l in range(out_l_max + 1)]
+        self.weight_numel = self.n_paths * self.out_features
+        self.in1_width = layout_width(in1_l_max, in1_features)
+        self.in2_width = layout_width(in2_l_max, in2_features)
+        out_paths = [1] * (out_l_max + 1) if reduce_paths else self.n_paths_per_rank
+        self.out_width = layout_width(out_l_max, self.out_features, out_paths)
+
+    def extra_repr(self) -> str:
+        return (
+            f"({self.in1_l_max}, {self.in2_l_max}) -> {self.out_l_max}, features "
+            f"{self.in1_features}x{self.in2_features}, n_paths={self.n_paths}, "
+            f"symmetric={self.symmetric}, shared_weights={self.shared_weights}, "
+            f"reduce_paths={self.reduce_paths}, backend={self.backend!r}"
+        )
+
+    def _check(self, x1, x2, weights, receivers, senders) -> bool:
+        conv = receivers is not None or senders is not None
+        if conv and (receivers is None or senders is None):
+            raise ValueError("convolution mode needs both receivers and senders")
+        if x1.dim() != 2 or x1.shape[1] != self.in1_width:
+            raise ValueError(f"x1 must have shape [rows, {self.in1_width}], got {tuple(x1.shape)}")
+        if x2.dim() != 2 or x2.shape[1] != self.in2_width:
+            raise ValueError(f"x2 must have shape [rows, {self.in2_width}], got {tuple(x2.shape)}")
+        rows = senders.shape[0] if conv else x1.shape[0]
+        if conv and (receivers.shape != senders.shape or receivers.dim() != 1):
+            raise ValueError(
+                f"receivers and senders must be 1-D of equal length, got {tuple(receivers.shape)} and {tuple(senders.shape)}"
+            )
+        if x2.shape[0] != rows:
+            raise ValueError(f"x2 has {x2.shape[0]} rows, expected {rows} ({'edges' if conv else 'rows of x1'})")
+        expected = (self.weight_numel,) if self.shared_weights else (rows, self.weight_numel)
+        if tuple(weights.shape) != expected:
+            raise ValueError(f"weights must have shape {list(expected)}, got {list(weights.shape)}")
+        return conv
+
+    def forward(
+        self,
+        x1: torch.Tensor,
+        x2: torch.Tensor,
+        weights: torch.Tensor,
+        receivers: torch.Tensor | None = None,
+        senders: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        conv = self._check(x1, x2, weights, receivers, senders)
+        if resolve_backend(self.backend, x1) == "triton":
+            from ._triton.ops import tensor_product
+
+            return tensor_product(self, x1, x2, weights, receivers, senders)
+        a_blocks = split_ranks(x1, self.in1_l_max, self.in1_features)
+        if conv:
+            a_blocks = [a.index_select(0, senders) for a in a_blocks]
+        out = self._rows(a_blocks, x2, weights)
+        if conv:
+            out = out.new_zeros(x1.shape[0], out.shape[1]).index_add_(0, receivers, out)
+        return out
+
+    def _rows(self, a_blocks: list[torch.Tensor], x2: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """Row-wise product (rows = nodes, or edges with gathered ``a_blocks``)."""
+        ops = torch_ops()
+        b_blocks = split_ranks(x2, self.in2_l_max, self.in2_features)
+        f = self.out_features
+        rows = b_blocks[0].shape[0]
+        w = weights.reshape(-1, self.n_paths, f)
+        per_rank: list[list[torch.Tensor]] = [[] for _ in range(self.out_l_max + 1)]
+        for idx, p in enumerate(self.paths):
+            fn = getattr(ops, f"tp_{p.l1}_{p.l2}_{p.l_out}")
+            per_rank[p.l_out].append(fn(a_blocks[p.l1], b_blocks[p.l2]) * w[:, idx, None, :])
+        blocks = []
+        for l, outs in enumerate(per_rank):
+            if not outs:
+                if self.reduce_paths:
+                    blocks.append(x2.new_zeros(rows, dim(l) * f))
+                continue
+            if self.reduce_paths:
+                block = outs[0]
+                for o in outs[1:]:
+                    block = block + o
+            else:
+                block = torch.stack(outs, dim=2)
+            blocks.append(block.expand(rows, *block.shape[1:]).reshape(rows, -1))
+        return torch.cat(blocks, dim=1)

@@ -1,0 +1,1 @@
+"""Simulation-engine integrations (ASE, OpenMM). They depend on flashcart, never the reverse."""

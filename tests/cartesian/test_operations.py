@@ -1,0 +1,165 @@
+"""TensorProduct, EquivariantLinear and DirectionExpansion: modes, equivariance, gradients."""
+
+import pytest
+import torch
+
+from flashcart.cartesian import DirectionExpansion, EquivariantLinear, TensorProduct, rotate
+from flashcart.testing import assert_close, assert_equivariant, random_rotation
+
+from .reference import tensor_product_reference
+
+torch.set_default_dtype(torch.float64)
+
+
+def graph(n_nodes=5, n_edges=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    receivers = torch.sort(torch.randint(0, n_nodes, (n_edges,), generator=g)).values
+    senders = torch.randint(0, n_nodes, (n_edges,), generator=g)
+    return receivers, senders
+
+
+def inputs(tp, rows, n_nodes=None, shared=False):
+    x1 = torch.randn(n_nodes or rows, tp.in1_width)
+    x2 = torch.randn(rows, tp.in2_width)
+    w = torch.randn(tp.weight_numel) if shared else torch.randn(rows, tp.weight_numel)
+    return x1, x2, w
+
+
+CASES = [
+    # l1, l2, lout, F1, F2, symmetric, shared, reduce
+    (2, 3, 2, 4, 4, False, False, False),
+    (2, 3, 3, 4, 1, False, False, True),
+    (1, 2, 3, 1, 3, False, True, False),
+    (2, 2, 2, 3, 3, True, False, False),
+    (2, 2, 2, 3, 3, True, True, True),
+    (3, 1, 2, 2, 2, False, False, True),
+    (0, 2, 2, 3, 1, False, False, False),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_dense_product_matches_full_tensor_reference(case):
+    l1, l2, lo, f1, f2, sym, shared, red = case
+    tp = TensorProduct(l1, l2, lo, f1, f2, symmetric=sym, shared_weights=shared, reduce_paths=red, backend="torch")
+    x1, x2, w = inputs(tp, 6, shared=shared)
+    if sym:
+        x2 = x1
+    assert_close(tp(x1, x2, w), tensor_product_reference(tp, x1, x2, w), 1e-12)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if not c[5]], ids=str)
+def test_convolution_product_matches_reference(case):
+    l1, l2, lo, f1, f2, _, shared, red = case
+    tp = TensorProduct(l1, l2, lo, f1, f2, shared_weights=shared, reduce_paths=red, backend="torch")
+    receivers, senders = graph()
+    x1, x2, w = inputs(tp, len(senders), n_nodes=5, shared=shared)
+    out = tp(x1, x2, w, receivers=receivers, senders=senders)
+    assert out.shape == (5, tp.out_width)
+    assert_close(out, tensor_product_reference(tp, x1, x2, w, receivers, senders), 1e-12)
+
+
+def test_product_rejects_bad_shapes_with_clear_messages():
+    tp = TensorProduct(1, 1, 1, 2, 2, backend="torch")
+    x1, x2, w = inputs(tp, 3)
+    with pytest.raises(ValueError, match="weights must have shape"):
+        tp(x1, x2, w[:, :-1])
+    with pytest.raises(ValueError, match="x2 must have shape"):
+        tp(x1, x2[:, :-1], w)
+    with pytest.raises(ValueError, match="both receivers and senders"):
+        tp(x1, x2, w, receivers=torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="must be equal or one of them must be 1"):
+        TensorProduct(1, 1, 1, 2, 3)
+
+
+@pytest.mark.parametrize("lo", range(5))
+def test_every_product_path_up_to_rank_4_is_equivariant(lo):
+    tp = TensorProduct(4, 4, lo, 2, 2, backend="torch")
+    x1, x2, w = inputs(tp, 4)
+    assert_equivariant(
+        tp, [(x1, 4, None), (x2, 4, None), (w, None, None)], lo, tp.n_paths_per_rank
+    )
+
+
+def test_convolution_is_equivariant():
+    tp = TensorProduct(2, 3, 2, 3, 1, backend="torch")
+    receivers, senders = graph()
+    x1, x2, w = inputs(tp, len(senders), n_nodes=5)
+    assert_equivariant(
+        lambda a, b: tp(a, b, w, receivers, senders), [(x1, 2, None), (x2, 3, None)], 2, tp.n_paths_per_rank
+    )
+
+
+def test_expansion_is_equivariant():
+    exp = DirectionExpansion(4, backend="torch")
+    assert_equivariant(exp, [(torch.randn(8, 3), -1, None)], 4)
+
+
+def test_linear_is_equivariant_and_mixes_paths():
+    lin = EquivariantLinear(3, 2, 4, 5, in_paths=[1, 3, 2, 2], backend="torch")
+    x = torch.randn(6, lin.in_width)
+    assert_equivariant(lin, [(x, 3, [1, 3, 2, 2])], 2)
+
+
+def test_linear_drops_and_zero_fills_ranks():
+    lin = EquivariantLinear(1, 3, 2, 2, backend="torch")
+    x = torch.randn(3, lin.in_width)
+    y = lin(x)
+    assert y.shape == (3, 16 * 2)
+    assert torch.equal(y[:, 4 * 2 :], torch.zeros(3, 12 * 2))
+    w0 = lin.weights[0] / 2**0.5
+    assert_close(y[:, :2], x[:, :2] @ w0.T, 1e-12)
+
+
+def test_linear_matches_einsum_reference():
+    lin = EquivariantLinear(2, 2, 3, 4, in_paths=[2, 1, 3], backend="torch")
+    x = torch.randn(5, lin.in_width)
+    start, expected = 0, []
+    for l, p in enumerate([2, 1, 3]):
+        blk = x[:, start : start + (2 * l + 1) * p * 3].reshape(5, 2 * l + 1, p * 3)
+        start += (2 * l + 1) * p * 3
+        expected.append(torch.einsum("nif,of->nio", blk, lin.weights[l]).reshape(5, -1) / (3 * p) ** 0.5)
+    assert_close(lin(x), torch.cat(expected, 1), 1e-12)
+
+
+def test_rotate_composes_and_inverts():
+    x = torch.randn(3, 16 * 2)
+    R1, R2 = random_rotation(), random_rotation(improper=True)
+    assert_close(rotate(rotate(x, R1, 3), R2, 3), rotate(x, R2 @ R1, 3), 1e-12)
+    assert_close(rotate(rotate(x, R1, 3), R1.T, 3), x, 1e-12)
+
+
+# ---- gradients --------------------------------------------------------------------------
+
+
+def _gradchecks(fn, args):
+    assert torch.autograd.gradcheck(fn, args)
+    assert torch.autograd.gradgradcheck(fn, args)
+
+
+@pytest.mark.parametrize("conv", [False, True])
+def test_product_gradcheck_and_gradgradcheck(conv):
+    tp = TensorProduct(2, 2, 2, 2, 1, backend="torch")
+    if conv:
+        receivers, senders = graph(4, 7)
+        x1, x2, w = inputs(tp, 7, n_nodes=4)
+        fn = lambda a, b, c: tp(a, b, c, receivers, senders)  # noqa: E731
+    else:
+        x1, x2, w = inputs(tp, 3)
+        fn = tp
+    _gradchecks(fn, [t.requires_grad_() for t in (x1, x2, w)])
+
+
+def test_expansion_gradcheck_and_gradgradcheck():
+    exp = DirectionExpansion(3, backend="torch")
+    _gradchecks(exp, [torch.randn(4, 3, requires_grad=True)])
+
+
+def test_linear_gradcheck_and_gradgradcheck():
+    lin = EquivariantLinear(2, 2, 2, 3, backend="torch")
+    x = torch.randn(3, lin.in_width, requires_grad=True)
+    w = [p.detach().clone().requires_grad_() for p in lin.weights]
+
+    def fn(x, *ws):
+        return torch.func.functional_call(lin, {f"weights.{i}": wi for i, wi in enumerate(ws)}, (x,))
+
+    _gradchecks(fn, [x, *w])
