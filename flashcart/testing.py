@@ -67,7 +67,7 @@ def assert_equivariant(
                 if l_max is None:
                     args.append(t)
                 elif l_max == -1:
-                    args.append(t @ R.T.to(t.dtype))
+                    args.append(t @ R.T.to(t))
                 else:
                     args.append(rotate(t, R, l_max, paths))
             out = func(*args)

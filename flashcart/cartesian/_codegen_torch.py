@@ -22,8 +22,11 @@ def literal(c: Fraction) -> str:
     return repr(float(c))
 
 
-def bilinear_lines(table: BilinearTable, u: str, v: str, out: str) -> list[str]:
-    """Lines computing ``{out}{p} = sum c * {u}{i} * {v}{j}`` for each entry ``p``."""
+def bilinear_lines(table: BilinearTable, u: str, v: str, out: str, lit=literal) -> list[str]:
+    """Lines computing ``{out}{p} = sum c * {u}{i} * {v}{j}`` for each entry ``p``.
+
+    ``lit`` formats a coefficient (the Triton emitter makes typed constants).
+    """
     lines = []
     for p, groups in enumerate(table):
         parts = []
@@ -42,13 +45,14 @@ def bilinear_lines(table: BilinearTable, u: str, v: str, out: str) -> list[str]:
             elif c == -1:
                 parts.append(f"-({s})")
             else:
-                parts.append(f"{literal(c)} * ({s})")
+                parts.append(f"{lit(c)} * ({s})")
         expr = " + ".join(parts) if parts else "0.0"
         lines.append(f"{out}{p} = {expr}")
     return lines
 
 
-def monomial(m: tuple[int, int, int], names=("ux", "uy", "uz")) -> str:
+def monomial(m: tuple[int, int, int], names: tuple[str, str, str] = ("ux", "uy", "uz")) -> str:
+    """``ux * ux * uy``-style product for exponents ``m``."""
     factors = []
     for name, e in zip(names, m):
         factors += [name] * e

@@ -95,7 +95,7 @@ def rotate(
     for l, p in enumerate(paths):
         size = dim(l) * p * n_feat
         block = x[..., start : start + size].reshape(*x.shape[:-1], dim(l), p * n_feat)
-        d = rotation_matrix_stored(R.to(x.dtype), l)
+        d = rotation_matrix_stored(R.to(x), l)
         blocks.append(torch.einsum("ij,...jf->...if", d, block).reshape(*x.shape[:-1], size))
         start += size
     return torch.cat(blocks, dim=-1)

@@ -1,0 +1,365 @@
+"""Emit Triton kernels from the symbolic tables in ``_expressions``.
+
+One generated module per tensor-product configuration (input/output rank limits,
+symmetry, path reduction) holds three kernels:
+
+* ``tp_fwd``: output rows. In convolution mode one program owns one receiver and a block
+  of channels, walks that receiver's edges (CSR ``rowptr``), gathers sender rows, and keeps
+  the messages in registers: one store per output element, no atomics, no zero-fill.
+  In dense mode the same kernel walks a single row.
+* ``tp_bwd_edge``: per row/edge, the gradients of input 2 and of the weights (and of
+  input 1 in dense mode), only those requested (``NEED_*`` constexpr flags).
+* ``tp_bwd_x1_csr``: convolution-mode gradient of input 1, one program per sender walking
+  that sender's edges (a permutation sorting edges by sender), again without atomics.
+
+Inputs with one channel are broadcast by a zero channel stride; gradients are produced
+per channel and reduced by the caller. The double backward is composed of these kernels
+with substituted operands (every map here is bilinear), see ``ops.py``.
+
+A second module, ``expansion``, holds the direction-expansion forward, its
+vector-Jacobian product and the second-order kernel (Jacobian- and Hessian-vector products).
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from .._codegen_torch import bilinear_lines, literal, monomial
+from .._expressions import (
+    expansion_gradient_table,
+    expansion_table,
+    product_table,
+    product_vjp_a_table,
+    product_vjp_b_table,
+)
+from .._paths import Path
+
+__all__ = ["generate_product_source", "generate_expansion_source", "out_offsets"]
+
+_I = "    "
+
+
+def _lit(c: Fraction, block: str = "BLOCK_F") -> str:
+    """A constant of the kernel's dtype ``DT``: Python floats would be rounded to float32."""
+    return f"tl.full([{block}], {literal(c)}, DT)"
+
+
+def _lit_rows(c: Fraction) -> str:
+    return _lit(c, "BLOCK")
+
+
+def out_offsets(paths: list[Path], out_l_max: int, reduce: bool) -> tuple[dict[tuple[int, int], int], int]:
+    """Channel-block index of output component ``c`` of path ``p`` (units of ``F``).
+
+    Returns ``({(path_index, c): block}, n_blocks)``; with ``reduce`` the paths of one rank
+    share blocks (and ranks without paths still own zero blocks).
+    """
+    per_rank = [[i for i, p in enumerate(paths) if p.l_out == l] for l in range(out_l_max + 1)]
+    offsets, base = {}, 0
+    for l, idxs in enumerate(per_rank):
+        n = 1 if reduce else len(idxs)
+        for q, pi in enumerate(idxs):
+            for c in range(2 * l + 1):
+                offsets[(pi, c)] = base + c * n + (0 if reduce else q)
+        base += (2 * l + 1) * n
+    return offsets, base
+
+
+def _load(name: str, ptr: str, index: str, fvec: str) -> str:
+    return f"{name} = tl.load({ptr} + {index} + {fvec}, mask=fm, other=0.0)"
+
+
+def _ranks(paths, attr):
+    return sorted({getattr(p, attr) for p in paths})
+
+
+def _load_inputs(lines, paths, indent, a_ptr="pa", b_ptr="pb", need_a=True, need_b=True):
+    if need_a:
+        for l in _ranks(paths, "l1"):
+            for i in range(2 * l + 1):
+                lines.append(indent + _load(f"a{l}_{i}", a_ptr, f"{l * l + i} * F1C", "f1"))
+    if need_b:
+        for l in _ranks(paths, "l2"):
+            for j in range(2 * l + 1):
+                lines.append(indent + _load(f"b{l}_{j}", b_ptr, f"{l * l + j} * F2C", "f2"))
+
+
+def _header(name: str, args: list[str], constexprs: list[str]) -> list[str]:
+    return ["@triton.jit", f"def {name}(", *[f"{_I}{a}," for a in args], *[f"{_I}{c}: tl.constexpr," for c in constexprs], "):"]
+
+
+def _fwd(paths, offsets, n_out) -> list[str]:
+    L = _header(
+        "tp_fwd",
+        ["x1_ptr", "x2_ptr", "w_ptr", "out_ptr", "rowptr_ptr", "send_ptr",
+         "x1_row", "x2_row", "w_row", "out_row", "F1S", "F2S", "F1C", "F2C", "F"],
+        ["CONV", "BLOCK_F", "DT"],
+    )
+    I, II = _I, _I * 2
+    L += [
+        f"{I}row = tl.cast(tl.program_id(0), tl.int64)",
+        f"{I}f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)",
+        f"{I}fm = f < F",
+        f"{I}f1 = f * F1S",
+        f"{I}f2 = f * F2S",
+        f"{I}if CONV:",
+        f"{II}start = tl.load(rowptr_ptr + row)",
+        f"{II}end = tl.load(rowptr_ptr + row + 1)",
+        f"{I}else:",
+        f"{II}start = row",
+        f"{II}end = row + 1",
+    ]
+    L += [f"{I}acc{k} = tl.zeros([BLOCK_F], dtype=DT)" for k in range(n_out)]
+    L += [
+        f"{I}for e in range(start, end):",
+        f"{II}e64 = tl.cast(e, tl.int64)",
+        f"{II}if CONV:",
+        f"{II}{I}src = tl.load(send_ptr + e64)",
+        f"{II}else:",
+        f"{II}{I}src = e64",
+        f"{II}pa = x1_ptr + src * x1_row",
+        f"{II}pb = x2_ptr + e64 * x2_row",
+        f"{II}pw = w_ptr + e64 * w_row",
+    ]
+    _load_inputs(L, paths, II)
+    for pi, p in enumerate(paths):
+        L.append(II + _load(f"w{pi}", "pw", f"{pi} * F", "f"))
+        L += [II + s for s in bilinear_lines(product_table(p.l1, p.l2, p.l_out), f"a{p.l1}_", f"b{p.l2}_", f"t{pi}_", _lit)]
+        for c in range(2 * p.l_out + 1):
+            L.append(f"{II}acc{offsets[(pi, c)]} += w{pi} * t{pi}_{c}")
+    L.append(f"{I}po = out_ptr + row * out_row")
+    L += [f"{I}tl.store(po + {k} * F + f, acc{k}, mask=fm)" for k in range(n_out)]
+    return L
+
+
+def _alias_go(lines, paths, offsets, indent):
+    for pi, p in enumerate(paths):
+        for c in range(2 * p.l_out + 1):
+            lines.append(f"{indent}gop{pi}_{c} = go{offsets[(pi, c)]}")
+
+
+def _bwd_edge(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
+    L = _header(
+        "tp_bwd_edge",
+        ["go_ptr", "x1_ptr", "x2_ptr", "w_ptr", "g1_ptr", "g2_ptr", "gw_ptr", "recv_ptr", "send_ptr",
+         "go_row", "x1_row", "x2_row", "w_row", "g1_row", "g2_row", "gw_row", "F1S", "F2S", "F1C", "F2C", "F"],
+        ["CONV", "NEED_G1", "NEED_G2", "NEED_GW", "BLOCK_F", "DT"],
+    )
+    I, II = _I, _I * 2
+    L += [
+        f"{I}r = tl.cast(tl.program_id(0), tl.int64)",
+        f"{I}f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)",
+        f"{I}fm = f < F",
+        f"{I}f1 = f * F1S",
+        f"{I}f2 = f * F2S",
+        f"{I}if CONV:",
+        f"{II}gi = tl.load(recv_ptr + r)",
+        f"{II}si = tl.load(send_ptr + r)",
+        f"{I}else:",
+        f"{II}gi = r",
+        f"{II}si = r",
+        f"{I}pg = go_ptr + gi * go_row",
+        f"{I}pa = x1_ptr + si * x1_row",
+        f"{I}pb = x2_ptr + r * x2_row",
+        f"{I}pw = w_ptr + r * w_row",
+    ]
+    L += [I + _load(f"go{k}", "pg", f"{k} * F", "f") for k in range(n_out)]
+    _alias_go(L, paths, offsets, I)
+    _load_inputs(L, paths, I)
+    # gradient of input 1 (dense mode only)
+    L.append(f"{I}if NEED_G1:")
+    L += _grad_block(paths, "l1", II, "g1_ptr + r * g1_row", "a", in1_l_max)
+    L.append(f"{I}if NEED_G2:")
+    L += _grad_block(paths, "l2", II, "g2_ptr + r * g2_row", "b", in2_l_max)
+    L.append(f"{I}if NEED_GW:")
+    L.append(f"{II}pgw = gw_ptr + r * gw_row")
+    for pi, p in enumerate(paths):
+        L += [II + s for s in bilinear_lines(product_table(p.l1, p.l2, p.l_out), f"a{p.l1}_", f"b{p.l2}_", f"t{pi}_", _lit)]
+        s = " + ".join(f"gop{pi}_{c} * t{pi}_{c}" for c in range(2 * p.l_out + 1))
+        L.append(f"{II}tl.store(pgw + {pi} * F + f, {s}, mask=fm)")
+    return L
+
+
+def _grad_block(paths, attr, indent, ptr, vjp, l_max) -> list[str]:
+    """Accumulate ``sum_p w_p * VJP_p`` for input ``a`` (vjp='a') or ``b`` and store all ranks."""
+    L = []
+    ranks = _ranks(paths, attr)
+    for l in ranks:
+        for i in range(2 * l + 1):
+            L.append(f"{indent}g{l}_{i} = tl.zeros([BLOCK_F], dtype=DT)")
+    for pi, p in enumerate(paths):
+        L.append(indent + _load(f"w{pi}", "pw", f"{pi} * F", "f"))
+        if vjp == "a":
+            table, other, l_in = product_vjp_a_table(p.l1, p.l2, p.l_out), f"b{p.l2}_", p.l1
+        else:
+            table, other, l_in = product_vjp_b_table(p.l1, p.l2, p.l_out), f"a{p.l1}_", p.l2
+        L += [indent + s for s in bilinear_lines(table, f"gop{pi}_", other, f"v{pi}_", _lit)]
+        for i in range(2 * l_in + 1):
+            L.append(f"{indent}g{l_in}_{i} += w{pi} * v{pi}_{i}")
+    L.append(f"{indent}pgo = {ptr}")
+    for l in range(l_max + 1):
+        for i in range(2 * l + 1):
+            value = f"g{l}_{i}" if l in ranks else "tl.zeros([BLOCK_F], dtype=DT)"
+            L.append(f"{indent}tl.store(pgo + {l * l + i} * F + f, {value}, mask=fm)")
+    return L
+
+
+def _bwd_x1_csr(paths, offsets, n_out, in1_l_max) -> list[str]:
+    L = _header(
+        "tp_bwd_x1_csr",
+        ["go_ptr", "x2_ptr", "w_ptr", "g1_ptr", "srowptr_ptr", "perm_ptr", "recv_ptr",
+         "go_row", "x2_row", "w_row", "g1_row", "F2S", "F2C", "F"],
+        ["BLOCK_F", "DT"],
+    )
+    I, II = _I, _I * 2
+    L += [
+        f"{I}j = tl.cast(tl.program_id(0), tl.int64)",
+        f"{I}f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)",
+        f"{I}fm = f < F",
+        f"{I}f2 = f * F2S",
+        f"{I}start = tl.load(srowptr_ptr + j)",
+        f"{I}end = tl.load(srowptr_ptr + j + 1)",
+    ]
+    ranks = _ranks(paths, "l1")
+    for l in ranks:
+        for i in range(2 * l + 1):
+            L.append(f"{I}g{l}_{i} = tl.zeros([BLOCK_F], dtype=DT)")
+    L += [
+        f"{I}for k in range(start, end):",
+        f"{II}e = tl.load(perm_ptr + tl.cast(k, tl.int64))",
+        f"{II}gi = tl.load(recv_ptr + e)",
+        f"{II}pg = go_ptr + gi * go_row",
+        f"{II}pb = x2_ptr + e * x2_row",
+        f"{II}pw = w_ptr + e * w_row",
+    ]
+    L += [II + _load(f"go{k}", "pg", f"{k} * F", "f") for k in range(n_out)]
+    _alias_go(L, paths, offsets, II)
+    _load_inputs(L, paths, II, need_a=False)
+    for pi, p in enumerate(paths):
+        L.append(II + _load(f"w{pi}", "pw", f"{pi} * F", "f"))
+        table = product_vjp_a_table(p.l1, p.l2, p.l_out)
+        L += [II + s for s in bilinear_lines(table, f"gop{pi}_", f"b{p.l2}_", f"v{pi}_", _lit)]
+        for i in range(2 * p.l1 + 1):
+            L.append(f"{II}g{p.l1}_{i} += w{pi} * v{pi}_{i}")
+    L.append(f"{I}pgo = g1_ptr + j * g1_row")
+    for l in range(in1_l_max + 1):
+        for i in range(2 * l + 1):
+            value = f"g{l}_{i}" if l in ranks else "tl.zeros([BLOCK_F], dtype=DT)"
+            L.append(f"{I}tl.store(pgo + {l * l + i} * F + f, {value}, mask=fm)")
+    return L
+
+
+def generate_product_source(paths: list[Path], in1_l_max: int, in2_l_max: int, out_l_max: int, reduce: bool) -> str:
+    """Source of the Triton module for one tensor-product configuration."""
+    offsets, n_out = out_offsets(paths, out_l_max, reduce)
+    lines = [
+        '"""Generated by FlashCart: Triton tensor-product kernels. Do not edit."""',
+        "import triton",
+        "import triton.language as tl",
+        f"N_OUT_BLOCKS = {n_out}",
+        "",
+    ]
+    lines += _fwd(paths, offsets, n_out) + [""]
+    lines += _bwd_edge(paths, offsets, n_out, in1_l_max, in2_l_max) + [""]
+    lines += _bwd_x1_csr(paths, offsets, n_out, in1_l_max) + [""]
+    return "\n".join(lines) + "\n"
+
+
+# ---- direction expansion ----------------------------------------------------------------
+
+
+def _poly(table_entry, names=("ux", "uy", "uz")) -> str:
+    terms = []
+    for c, m in table_entry:
+        mono = monomial(m, names)
+        if mono == "1.0":
+            mono = _lit_rows(Fraction(1))
+        terms.append(mono if c == 1 else f"{_lit_rows(c)} * {mono}")
+    return " + ".join(terms) if terms else "0.0 * ux"
+
+
+def _second_derivatives(l: int):
+    """``d^2 T_p / du_k du_m`` monomial tables, ``[p][k][m]``."""
+    grad = expansion_gradient_table(l)
+    out = []
+    for per_p in grad:
+        rows = []
+        for k in range(3):
+            cols = []
+            for m in range(3):
+                acc: dict[tuple[int, int, int], Fraction] = {}
+                for c, mono in per_p[k]:
+                    if mono[m]:
+                        dm = list(mono)
+                        dm[m] -= 1
+                        acc[tuple(dm)] = acc.get(tuple(dm), Fraction(0)) + c * mono[m]
+                cols.append(tuple((c, mm) for mm, c in acc.items() if c != 0))
+            rows.append(tuple(cols))
+        out.append(tuple(rows))
+    return out
+
+
+def generate_expansion_source(l_max: int) -> str:
+    """Triton kernels for ``T^0..T^l_max`` of unit vectors: forward, VJP, and second order."""
+    I = _I
+    width = (l_max + 1) ** 2
+    L = [
+        '"""Generated by FlashCart: Triton direction-expansion kernels. Do not edit."""',
+        "import triton",
+        "import triton.language as tl",
+        "",
+    ]
+    head = [
+        f"{I}rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)",
+        f"{I}rm = rows < n",
+        f"{I}r64 = tl.cast(rows, tl.int64)",
+        f"{I}ux = tl.load(u_ptr + r64 * 3 + 0, mask=rm, other=0.0)",
+        f"{I}uy = tl.load(u_ptr + r64 * 3 + 1, mask=rm, other=0.0)",
+        f"{I}uz = tl.load(u_ptr + r64 * 3 + 2, mask=rm, other=0.0)",
+    ]
+    comps = [(l, p) for l in range(l_max + 1) for p in range(2 * l + 1)]
+    # forward
+    L += _header("expansion_fwd", ["u_ptr", "out_ptr", "n"], ["BLOCK", "DT"]) + head
+    for k, (l, p) in enumerate(comps):
+        value = "tl.full([BLOCK], 1.0, dtype=DT)" if l == 0 else _poly(expansion_table(l)[p])
+        L.append(f"{I}tl.store(out_ptr + r64 * {width} + {k}, {value}, mask=rm)")
+    L.append("")
+    # vjp: grad_u[k] = sum_p g_p dT_p/du_k
+    L += _header("expansion_vjp", ["u_ptr", "g_ptr", "gu_ptr", "n"], ["BLOCK", "DT"]) + head
+    for k in range(3):
+        L.append(f"{I}gu{k} = tl.zeros([BLOCK], dtype=DT)")
+    for idx, (l, p) in enumerate(comps):
+        if l == 0:
+            continue
+        L.append(f"{I}g = tl.load(g_ptr + r64 * {width} + {idx}, mask=rm, other=0.0)")
+        for k in range(3):
+            entry = expansion_gradient_table(l)[p][k]
+            if entry:
+                L.append(f"{I}gu{k} += g * ({_poly(entry)})")
+    for k in range(3):
+        L.append(f"{I}tl.store(gu_ptr + r64 * 3 + {k}, gu{k}, mask=rm)")
+    L.append("")
+    # second order: given g (output cotangent), v (cotangent of grad_u):
+    #   d g  = J v        (jvp, [n, width])
+    #   d u  = sum_p g_p H_p v   ([n, 3])
+    L += _header("expansion_second", ["u_ptr", "g_ptr", "v_ptr", "dg_ptr", "du_ptr", "n"], ["BLOCK", "DT"]) + head
+    for k in range(3):
+        L.append(f"{I}v{k} = tl.load(v_ptr + r64 * 3 + {k}, mask=rm, other=0.0)")
+        L.append(f"{I}du{k} = tl.zeros([BLOCK], dtype=DT)")
+    for idx, (l, p) in enumerate(comps):
+        if l == 0:
+            L.append(f"{I}tl.store(dg_ptr + r64 * {width} + {idx}, tl.zeros([BLOCK], dtype=DT), mask=rm)")
+            continue
+        grad = expansion_gradient_table(l)[p]
+        jvp = " + ".join(f"v{k} * ({_poly(grad[k])})" for k in range(3) if grad[k]) or "0.0 * ux"
+        L.append(f"{I}tl.store(dg_ptr + r64 * {width} + {idx}, {jvp}, mask=rm)")
+        if l >= 2:
+            hess = _second_derivatives(l)[p]
+            L.append(f"{I}g = tl.load(g_ptr + r64 * {width} + {idx}, mask=rm, other=0.0)")
+            for k in range(3):
+                hv = " + ".join(f"v{m} * ({_poly(hess[k][m])})" for m in range(3) if hess[k][m])
+                if hv:
+                    L.append(f"{I}du{k} += g * ({hv})")
+    for k in range(3):
+        L.append(f"{I}tl.store(du_ptr + r64 * 3 + {k}, du{k}, mask=rm)")
+    return "\n".join(L) + "\n"

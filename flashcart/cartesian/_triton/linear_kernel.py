@@ -1,0 +1,87 @@
+"""Grouped matrix product for equivariant linear maps: every rank in one launch.
+
+Group ``g`` (one tensor rank) computes ``C_g = scale_g * A_g @ B_g`` with
+``A_g: [M_g, K_g]``, ``B_g: [K_g, N_g]``. Each operand element ``(i, j)`` lives at
+``off + (i // Di) * si_hi + (i % Di) * si_lo + (j // Dj) * sj_hi + (j % Dj) * sj_lo``, which
+covers rank blocks ``[rows, 2l+1, channels]`` inside feature rows (``i = row * (2l+1) + c``)
+as well as plain weight matrices and their transposes. A small int64 table carries the
+per-group sizes and strides; programs find their group from the tile prefix sums. With
+``SPLIT > 1`` the reduction is split over a second grid axis into ``SPLIT`` partial results
+(``c_split_stride`` apart) that the caller sums: weight gradients reduce over all rows.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# table columns
+M, N, K, TILE_START = 0, 1, 2, 3
+A0, B0, C0 = 4, 11, 18  # each operand: off, Di, si_hi, si_lo, Dj, sj_hi, sj_lo
+N_COLS = 25
+
+
+@triton.jit
+def _addr(tab, base: tl.constexpr, i, j):
+    off = tl.load(tab + base)
+    di = tl.load(tab + base + 1)
+    si_hi = tl.load(tab + base + 2)
+    si_lo = tl.load(tab + base + 3)
+    dj = tl.load(tab + base + 4)
+    sj_hi = tl.load(tab + base + 5)
+    sj_lo = tl.load(tab + base + 6)
+    return off + (i // di) * si_hi + (i % di) * si_lo + (j // dj) * sj_hi + (j % dj) * sj_lo
+
+
+@triton.jit
+def grouped_matmul(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    table_ptr,
+    scale_ptr,
+    c_split_stride,
+    N_GROUPS: tl.constexpr,
+    NCOL: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    pid = tl.cast(tl.program_id(0), tl.int64)
+    split = tl.cast(tl.program_id(1), tl.int64)
+    g = tl.cast(0, tl.int64)
+    for i in tl.static_range(1, N_GROUPS):
+        start_i = tl.load(table_ptr + i * NCOL + 3)
+        g = tl.where(pid >= start_i, i, g)
+    tab = table_ptr + g * NCOL
+    m_size = tl.load(tab + 0)
+    n_size = tl.load(tab + 1)
+    k_size = tl.load(tab + 2)
+    tile = pid - tl.load(tab + 3)
+    tiles_n = (n_size + BN - 1) // BN
+    tm = tile // tiles_n
+    tn = tile % tiles_n
+    rm = tm * BM + tl.arange(0, BM)
+    rn = tn * BN + tl.arange(0, BN)
+    m_mask = rm < m_size
+    n_mask = rn < n_size
+    acc = tl.zeros([BM, BN], dtype=c_ptr.dtype.element_ty)
+    k_chunk = ((k_size + SPLIT - 1) // SPLIT + BK - 1) // BK * BK
+    k_lo = split * k_chunk
+    k_hi = tl.minimum(k_lo + k_chunk, k_size)
+    for k0 in range(k_lo, k_hi, BK):
+        rk = k0 + tl.arange(0, BK)
+        k_mask = rk < k_hi
+        a_off = _addr(tab, 4, rm[:, None], rk[None, :])
+        b_off = _addr(tab, 11, rk[:, None], rn[None, :])
+        a = tl.load(a_ptr + a_off, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        b = tl.load(b_ptr + b_off, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+        if USE_DOT:
+            acc += tl.dot(a, b, input_precision="ieee")
+        else:
+            acc += tl.sum(a[:, :, None] * b[None, :, :], axis=1)
+    scale = tl.load(scale_ptr + g)
+    c_off = _addr(tab, 18, rm[:, None], rn[None, :])
+    tl.store(c_ptr + split * c_split_stride + c_off, acc * scale, mask=m_mask[:, None] & n_mask[None, :])

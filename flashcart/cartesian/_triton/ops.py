@@ -1,0 +1,553 @@
+"""Triton-backed ``torch.library`` custom ops with autograd to any order.
+
+Every operation here is bilinear in its two tensor operands (product: ``x1, x2`` with the
+weights as a third linear factor; linear map: ``x, W``), so each derivative is again one
+of the same ops with substituted operands. The autograd formulas below call the ops
+themselves, so backward, double backward and beyond are all Triton launches, and
+``torch.compile(fullgraph=True)`` sees opaque ops with fake implementations.
+
+Ops (namespace ``flashcart``):
+
+* ``tp_fwd(x1, x2, w, rowptr, senders, key)``; ``tp_bwd(go, x1, x2, w, receivers, senders,
+  srowptr, perm, key, need_x1, need_x2, need_w)``.
+* ``expansion_fwd(u, l_max)``, ``expansion_vjp(u, g, l_max)``, ``expansion_second(u, g, v, l_max)``.
+* ``lin_fwd(x, w, key)``, ``lin_bwd_x(gy, w, key)``, ``lin_bwd_w(gy, x, key)``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .linear_kernel import N_COLS, grouped_matmul
+from .source import expansion_module, product_key, product_module, product_spec
+
+__all__ = ["tensor_product", "direction_expansion", "equivariant_linear", "edge_csr"]
+
+_DT = {torch.float32: tl.float32, torch.float64: tl.float64, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+def _block_f(F: int) -> tuple[int, int]:
+    block = min(64, triton.next_power_of_2(F))
+    return block, max(1, block // 32)
+
+
+def _channels(width: int, comps: int, what: str) -> int:
+    if width % comps:
+        raise ValueError(f"{what} width {width} is not a multiple of {comps}")
+    return width // comps
+
+
+# ---------------------------------------------------------------------------------------
+# tensor product
+# ---------------------------------------------------------------------------------------
+
+
+def edge_csr(receivers: Tensor, senders: Tensor, n_nodes: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``(rowptr, perm, srowptr)``: receiver CSR, edges sorted by sender, and sender CSR.
+
+    Edges must be grouped by receiver. Shapes: ``[n_nodes + 1]``, ``[E]``, ``[n_nodes + 1]``.
+    """
+    ones = torch.ones_like(receivers)
+    counts = torch.zeros(n_nodes + 1, dtype=receivers.dtype, device=receivers.device)
+    rowptr = torch.cumsum(counts.index_add(0, receivers + 1, ones), 0)
+    perm = torch.argsort(senders, stable=True)
+    scounts = torch.zeros(n_nodes + 1, dtype=senders.dtype, device=senders.device)
+    srowptr = torch.cumsum(scounts.index_add(0, senders + 1, ones), 0)
+    return rowptr, perm, srowptr
+
+
+def _tp_shapes(key: str, x1: Tensor, x2: Tensor):
+    spec = product_spec(key)
+    f1 = _channels(x1.shape[1], spec.in1_comps, "x1")
+    f2 = _channels(x2.shape[1], spec.in2_comps, "x2")
+    return spec, f1, f2, max(f1, f2)
+
+
+# Graph tensors in convolution mode: receivers, senders, rowptr, perm, srowptr (see edge_csr);
+# all None in dense mode.
+
+
+@torch.library.custom_op("flashcart::tp_fwd", mutates_args=())
+def tp_fwd(
+    x1: Tensor, x2: Tensor, w: Tensor,
+    receivers: Optional[Tensor], senders: Optional[Tensor], rowptr: Optional[Tensor],
+    perm: Optional[Tensor], srowptr: Optional[Tensor], key: str,
+) -> Tensor:
+    spec, f1, f2, F = _tp_shapes(key, x1, x2)
+    conv = rowptr is not None
+    rows = x1.shape[0] if conv else x2.shape[0]
+    out = torch.empty(rows, spec.n_out_blocks * F, dtype=x2.dtype, device=x2.device)
+    if rows == 0 or F == 0:
+        return out
+    x1, x2, w = x1.contiguous(), x2.contiguous(), w.contiguous()
+    block, warps = _block_f(F)
+    product_module(key).tp_fwd[(rows, triton.cdiv(F, block))](
+        x1, x2, w, out, rowptr if conv else out, senders if conv else out,
+        x1.shape[1], x2.shape[1], 0 if w.dim() == 1 else w.shape[1], out.shape[1],
+        int(f1 != 1), int(f2 != 1), f1, f2, F,
+        CONV=conv, BLOCK_F=block, DT=_DT[out.dtype], num_warps=warps,
+    )
+    return out
+
+
+@tp_fwd.register_fake
+def _(x1, x2, w, receivers, senders, rowptr, perm, srowptr, key):
+    spec, _, _, F = _tp_shapes(key, x1, x2)
+    rows = x1.shape[0] if rowptr is not None else x2.shape[0]
+    return x2.new_empty(rows, spec.n_out_blocks * F)
+
+
+def _reduce_channels(g: Tensor, comps: int, channels: int) -> Tensor:
+    """Sum per-channel gradients of a broadcast (1-channel) input."""
+    if channels != 1:
+        return g
+    return g.view(g.shape[0], comps, -1).sum(-1)
+
+
+@torch.library.custom_op("flashcart::tp_bwd", mutates_args=())
+def tp_bwd(
+    go: Tensor, x1: Tensor, x2: Tensor, w: Tensor,
+    receivers: Optional[Tensor], senders: Optional[Tensor], rowptr: Optional[Tensor],
+    perm: Optional[Tensor], srowptr: Optional[Tensor],
+    key: str, need_x1: bool, need_x2: bool, need_w: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    spec, f1, f2, F = _tp_shapes(key, x1, x2)
+    conv = receivers is not None
+    rows = x2.shape[0]
+    go, x1, x2, w = go.contiguous(), x1.contiguous(), x2.contiguous(), w.contiguous()
+    shared = w.dim() == 1
+    dev, dt = x2.device, x2.dtype
+    g1 = torch.empty(x1.shape[0], spec.in1_comps * F, dtype=dt, device=dev) if need_x1 else x1.new_empty(0)
+    g2 = torch.empty(rows, spec.in2_comps * F, dtype=dt, device=dev) if need_x2 else x2.new_empty(0)
+    gw = torch.empty(rows, spec.n_paths * F, dtype=dt, device=dev) if need_w else w.new_empty(0)
+    block, warps = _block_f(F)
+    mod = product_module(key)
+    w_row = 0 if shared else w.shape[1]
+    if rows and F and (need_x2 or need_w or (need_x1 and not conv)):
+        dummy = go
+        mod.tp_bwd_edge[(rows, triton.cdiv(F, block))](
+            go, x1, x2, w, g1 if need_x1 and not conv else dummy, g2 if need_x2 else dummy, gw if need_w else dummy,
+            receivers if conv else dummy, senders if conv else dummy,
+            go.shape[1], x1.shape[1], x2.shape[1], w_row, g1.shape[-1] if need_x1 else 0,
+            g2.shape[-1] if need_x2 else 0, gw.shape[-1] if need_w else 0,
+            int(f1 != 1), int(f2 != 1), f1, f2, F,
+            CONV=conv, NEED_G1=need_x1 and not conv, NEED_G2=need_x2, NEED_GW=need_w,
+            BLOCK_F=block, DT=_DT[dt], num_warps=warps,
+        )
+    if need_x1 and conv and x1.shape[0] and F:
+        mod.tp_bwd_x1_csr[(x1.shape[0], triton.cdiv(F, block))](
+            go, x2, w, g1, srowptr, perm, receivers,
+            go.shape[1], x2.shape[1], w_row, g1.shape[1], int(f2 != 1), f2, F,
+            BLOCK_F=block, DT=_DT[dt], num_warps=warps,
+        )
+    elif need_x1 and conv:
+        g1.zero_()
+    if need_x1:
+        g1 = _reduce_channels(g1, spec.in1_comps, f1)
+    if need_x2:
+        g2 = _reduce_channels(g2, spec.in2_comps, f2)
+    if need_w and shared:
+        gw = gw.sum(0)
+    return g1, g2, gw
+
+
+@tp_bwd.register_fake
+def _(go, x1, x2, w, receivers, senders, rowptr, perm, srowptr, key, need_x1, need_x2, need_w):
+    return (
+        x1.new_empty(x1.shape) if need_x1 else x1.new_empty(0),
+        x2.new_empty(x2.shape) if need_x2 else x2.new_empty(0),
+        w.new_empty(w.shape) if need_w else w.new_empty(0),
+    )
+
+
+def _tp_setup(ctx, inputs, output):
+    x1, x2, w, receivers, senders, rowptr, perm, srowptr, key = inputs
+    ctx.key = key
+    ctx.save_for_backward(x1, x2, w, receivers, senders, rowptr, perm, srowptr)
+
+
+def _tp_backward(ctx, go):
+    x1, x2, w, receivers, senders, rowptr, perm, srowptr = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    grads = [None] * 9
+    if any(need[:3]):
+        g1, g2, gw = tp_bwd(go, x1, x2, w, receivers, senders, rowptr, perm, srowptr, ctx.key, need[0], need[1], need[2])
+        grads[:3] = [g1 if need[0] else None, g2 if need[1] else None, gw if need[2] else None]
+    return tuple(grads)
+
+
+tp_fwd.register_autograd(_tp_backward, setup_context=_tp_setup)
+
+
+def _tp_bwd_setup(ctx, inputs, output):
+    go, x1, x2, w, receivers, senders, rowptr, perm, srowptr, key, n1, n2, nw = inputs
+    ctx.key, ctx.flags = key, (n1, n2, nw)
+    ctx.save_for_backward(go, x1, x2, w, receivers, senders, rowptr, perm, srowptr)
+
+
+def _present(t: Optional[Tensor]) -> bool:
+    return t is not None and t.numel() > 0
+
+
+def _add(a: Optional[Tensor], b: Optional[Tensor]) -> Optional[Tensor]:
+    if a is None:
+        return b
+    return a if b is None else a + b
+
+
+def _tp_bwd_backward(ctx, gg1, gg2, ggw):
+    """Derivative of ``(g1, g2, gw) = tp_bwd(go, x1, x2, w)`` given cotangents ``gg*``.
+
+    ``g1 = sum_p w B_a(go, x2)``, ``g2 = sum_p w B_b(go, x1)``, ``gw = <go, B(x1, x2)>``, so
+    ``d go = F(gg1, x2, w) + F(x1, gg2, w) + F(x1, x2, ggw)``,
+    ``d x1 = G1(go, gg2, w) + G1(go, x2, ggw)``, ``d x2 = G2(go, gg1, w) + G2(go, x1, ggw)``,
+    ``d w = Gw(go, gg1, x2) + Gw(go, x1, gg2)`` with ``F = tp_fwd`` and ``G* = tp_bwd``.
+    """
+    go, x1, x2, w, receivers, senders, rowptr, perm, srowptr = ctx.saved_tensors
+    graph = (receivers, senders, rowptr, perm, srowptr)
+    key = ctx.key
+    n1, n2, nw = ctx.flags
+    gg1 = gg1 if n1 and _present(gg1) else None
+    gg2 = gg2 if n2 and _present(gg2) else None
+    ggw = ggw if nw and _present(ggw) else None
+    need = ctx.needs_input_grad
+
+    def fwd(a, b, c):
+        return tp_fwd(a, b, c, *graph, key)
+
+    def bwd(a, b, c, which):
+        return tp_bwd(go, a, b, c, *graph, key, which == 0, which == 1, which == 2)[which]
+
+    d_go = d_x1 = d_x2 = d_w = None
+    if need[0]:
+        if gg1 is not None:
+            d_go = _add(d_go, fwd(gg1, x2, w))
+        if gg2 is not None:
+            d_go = _add(d_go, fwd(x1, gg2, w))
+        if ggw is not None:
+            d_go = _add(d_go, fwd(x1, x2, ggw))
+    if need[1]:
+        if gg2 is not None:
+            d_x1 = _add(d_x1, bwd(x1, gg2, w, 0))
+        if ggw is not None:
+            d_x1 = _add(d_x1, bwd(x1, x2, ggw, 0))
+    if need[2]:
+        if gg1 is not None:
+            d_x2 = _add(d_x2, bwd(gg1, x2, w, 1))
+        if ggw is not None:
+            d_x2 = _add(d_x2, bwd(x1, x2, ggw, 1))
+    if need[3]:
+        if gg1 is not None:
+            d_w = _add(d_w, bwd(gg1, x2, w, 2))
+        if gg2 is not None:
+            d_w = _add(d_w, bwd(x1, gg2, w, 2))
+    return (d_go, d_x1, d_x2, d_w) + (None,) * 9
+
+
+tp_bwd.register_autograd(_tp_bwd_backward, setup_context=_tp_bwd_setup)
+
+
+
+
+def tensor_product(tp, x1: Tensor, x2: Tensor, w: Tensor, receivers: Optional[Tensor], senders: Optional[Tensor], csr=None) -> Tensor:
+    """Triton path of :class:`~flashcart.cartesian.TensorProduct` (shapes checked by the caller)."""
+    key = product_key(tp.in1_l_max, tp.in2_l_max, tp.out_l_max, tp.symmetric, tp.reduce_paths)
+    if receivers is None:
+        return tp_fwd(x1, x2, w, None, None, None, None, None, key)
+    rowptr, perm, srowptr = csr if csr is not None else edge_csr(receivers, senders, x1.shape[0])
+    return tp_fwd(x1, x2, w, receivers, senders, rowptr, perm, srowptr, key)
+
+
+# ---------------------------------------------------------------------------------------
+# direction expansion
+# ---------------------------------------------------------------------------------------
+
+_ROWS = 64
+
+
+def _rows_grid(n: int):
+    return (triton.cdiv(n, _ROWS),)
+
+
+@torch.library.custom_op("flashcart::expansion_fwd", mutates_args=())
+def expansion_fwd(u: Tensor, l_max: int) -> Tensor:
+    u = u.contiguous()
+    out = torch.empty(u.shape[0], (l_max + 1) ** 2, dtype=u.dtype, device=u.device)
+    if u.shape[0]:
+        expansion_module(l_max).expansion_fwd[_rows_grid(u.shape[0])](u, out, u.shape[0], BLOCK=_ROWS, DT=_DT[u.dtype])
+    return out
+
+
+@expansion_fwd.register_fake
+def _(u, l_max):
+    return u.new_empty(u.shape[0], (l_max + 1) ** 2)
+
+
+@torch.library.custom_op("flashcart::expansion_vjp", mutates_args=())
+def expansion_vjp(u: Tensor, g: Tensor, l_max: int) -> Tensor:
+    u, g = u.contiguous(), g.contiguous()
+    gu = torch.empty_like(u)
+    if u.shape[0]:
+        expansion_module(l_max).expansion_vjp[_rows_grid(u.shape[0])](u, g, gu, u.shape[0], BLOCK=_ROWS, DT=_DT[u.dtype])
+    return gu
+
+
+@expansion_vjp.register_fake
+def _(u, g, l_max):
+    return torch.empty_like(u)
+
+
+@torch.library.custom_op("flashcart::expansion_second", mutates_args=())
+def expansion_second(u: Tensor, g: Tensor, v: Tensor, l_max: int) -> tuple[Tensor, Tensor]:
+    """``(J v, sum_p g_p H_p v)``: derivatives of ``expansion_vjp`` w.r.t. ``g`` and ``u``."""
+    u, g, v = u.contiguous(), g.contiguous(), v.contiguous()
+    dg = torch.empty_like(g)
+    du = torch.empty_like(u)
+    if u.shape[0]:
+        expansion_module(l_max).expansion_second[_rows_grid(u.shape[0])](
+            u, g, v, dg, du, u.shape[0], BLOCK=_ROWS, DT=_DT[u.dtype]
+        )
+    return dg, du
+
+
+@expansion_second.register_fake
+def _(u, g, v, l_max):
+    return torch.empty_like(g), torch.empty_like(u)
+
+
+def _exp_setup(ctx, inputs, output):
+    u, l_max = inputs
+    ctx.l_max = l_max
+    ctx.save_for_backward(u)
+
+
+def _exp_backward(ctx, g):
+    (u,) = ctx.saved_tensors
+    return expansion_vjp(u, g, ctx.l_max), None
+
+
+expansion_fwd.register_autograd(_exp_backward, setup_context=_exp_setup)
+
+
+def _vjp_setup(ctx, inputs, output):
+    u, g, l_max = inputs
+    ctx.l_max = l_max
+    ctx.save_for_backward(u, g)
+
+
+def _vjp_backward(ctx, v):
+    u, g = ctx.saved_tensors
+    dg, du = expansion_second(u, g, v, ctx.l_max)
+    return du, dg, None
+
+
+expansion_vjp.register_autograd(_vjp_backward, setup_context=_vjp_setup)
+
+
+def direction_expansion(u: Tensor, l_max: int) -> Tensor:
+    """Triton path of :class:`~flashcart.cartesian.DirectionExpansion` for unit vectors ``[n, 3]``."""
+    return expansion_fwd(u, l_max)
+
+
+# ---------------------------------------------------------------------------------------
+# equivariant linear maps
+# ---------------------------------------------------------------------------------------
+
+_BIG = 1 << 62
+
+
+class _LinearSpec:
+    def __init__(self, key: str):
+        in_l, out_l, f_in, f_out, paths = key.split("|")
+        self.in_l_max, self.out_l_max = int(in_l), int(out_l)
+        self.f_in, self.f_out = int(f_in), int(f_out)
+        self.paths = [int(p) for p in paths.split(",")]
+        self.n_mixed = min(self.in_l_max, self.out_l_max) + 1
+        self.k = [p * self.f_in for p in self.paths]
+        self.in_off, self.out_off, self.w_off = [], [], []
+        a = b = c = 0
+        for l in range(self.in_l_max + 1):
+            self.in_off.append(a)
+            a += (2 * l + 1) * self.k[l]
+        self.in_width = a
+        for l in range(self.out_l_max + 1):
+            self.out_off.append(b)
+            b += (2 * l + 1) * self.f_out
+        self.out_width = b
+        for l in range(self.n_mixed):
+            self.w_off.append(c)
+            c += self.f_out * self.k[l]
+        self.w_numel = c
+
+
+_LIN_SPECS: dict[str, _LinearSpec] = {}
+
+
+def _lin_spec(key: str) -> _LinearSpec:
+    if key not in _LIN_SPECS:
+        _LIN_SPECS[key] = _LinearSpec(key)
+    return _LIN_SPECS[key]
+
+
+def _row_operand(off, comps, row_stride, comp_stride):
+    """Operand indexed by (row * comps + c, j): rank block inside feature rows."""
+    return [off, comps, row_stride, comp_stride, _BIG, 0, 1]
+
+
+def _plain(off, stride_i, stride_j):
+    return [off, _BIG, 0, stride_i, _BIG, 0, stride_j]
+
+
+def _launch_grouped(a, b, c, groups, scales, split: int = 1):
+    """Run the grouped matmul; ``groups`` holds (M, N, K, A, B, C) per group."""
+    if not groups:
+        return
+    bm, bn, bk = 32, 32, 32
+    rows, start = [], 0
+    for m, n, k, oa, ob, oc in groups:
+        rows.append([m, n, k, start, *oa, *ob, *oc])
+        start += triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    if start == 0:
+        return
+    table = torch.tensor(rows, dtype=torch.int64, device=a.device)
+    scale = torch.tensor(scales, dtype=c.dtype, device=a.device)
+    assert table.shape[1] == N_COLS
+    grouped_matmul[(start, split)](
+        a, b, c, table, scale, c.shape[-1] if split > 1 else 0,
+        N_GROUPS=len(groups), NCOL=N_COLS, BM=bm, BN=bn, BK=bk,
+        USE_DOT=c.dtype != torch.float64 or not c.is_cuda, SPLIT=split, num_warps=4,
+    )
+
+
+@torch.library.custom_op("flashcart::lin_fwd", mutates_args=())
+def lin_fwd(x: Tensor, w: Tensor, key: str) -> Tensor:
+    s = _lin_spec(key)
+    x, w = x.contiguous(), w.contiguous()
+    n = x.shape[0]
+    y = torch.empty(n, s.out_width, dtype=x.dtype, device=x.device)
+    if s.n_mixed <= s.out_l_max:
+        y[:, s.out_off[s.n_mixed]:].zero_()
+    groups, scales = [], []
+    for l in range(s.n_mixed):
+        d = 2 * l + 1
+        groups.append((n * d, s.f_out, s.k[l],
+                       _row_operand(s.in_off[l], d, s.in_width, s.k[l]),
+                       _plain(s.w_off[l], 1, s.k[l]),
+                       _row_operand(s.out_off[l], d, s.out_width, s.f_out)))
+        scales.append(_scale(s, l))
+    _launch_grouped(x, w, y, groups, scales)
+    return y
+
+
+def _scale(s: _LinearSpec, l: int) -> float:
+    return 1.0 / (s.f_in * s.paths[l]) ** 0.5 if s.paths[l] else 0.0
+
+
+@lin_fwd.register_fake
+def _(x, w, key):
+    return x.new_empty(x.shape[0], _lin_spec(key).out_width)
+
+
+@torch.library.custom_op("flashcart::lin_bwd_x", mutates_args=())
+def lin_bwd_x(gy: Tensor, w: Tensor, key: str) -> Tensor:
+    s = _lin_spec(key)
+    gy, w = gy.contiguous(), w.contiguous()
+    n = gy.shape[0]
+    gx = torch.empty(n, s.in_width, dtype=gy.dtype, device=gy.device)
+    if s.n_mixed <= s.in_l_max:
+        gx[:, s.in_off[s.n_mixed]:].zero_()
+    groups, scales = [], []
+    for l in range(s.n_mixed):
+        d = 2 * l + 1
+        groups.append((n * d, s.k[l], s.f_out,
+                       _row_operand(s.out_off[l], d, s.out_width, s.f_out),
+                       _plain(s.w_off[l], s.k[l], 1),
+                       _row_operand(s.in_off[l], d, s.in_width, s.k[l])))
+        scales.append(_scale(s, l))
+    _launch_grouped(gy, w, gx, groups, scales)
+    return gx
+
+
+@lin_bwd_x.register_fake
+def _(gy, w, key):
+    return gy.new_empty(gy.shape[0], _lin_spec(key).in_width)
+
+
+@torch.library.custom_op("flashcart::lin_bwd_w", mutates_args=())
+def lin_bwd_w(gy: Tensor, x: Tensor, key: str) -> Tensor:
+    s = _lin_spec(key)
+    gy, x = gy.contiguous(), x.contiguous()
+    n = gy.shape[0]
+    split = max(1, min(64, n // 64))
+    gw = torch.empty(split, s.w_numel, dtype=gy.dtype, device=gy.device)
+    groups, scales = [], []
+    for l in range(s.n_mixed):
+        d = 2 * l + 1
+        a = [s.out_off[l], _BIG, 0, 1, d, s.out_width, s.f_out]   # (o, row*d + c)
+        b = [s.in_off[l], d, s.in_width, s.k[l], _BIG, 0, 1]       # (row*d + c, k)
+        groups.append((s.f_out, s.k[l], n * d, a, b, _plain(s.w_off[l], s.k[l], 1)))
+        scales.append(_scale(s, l))
+    if n == 0:
+        return gw.zero_().sum(0)
+    _launch_grouped(gy, x, gw, groups, scales, split=split)
+    return gw.sum(0)
+
+
+@lin_bwd_w.register_fake
+def _(gy, x, key):
+    return gy.new_empty(_lin_spec(key).w_numel)
+
+
+def _lin_fwd_setup(ctx, inputs, output):
+    x, w, key = inputs
+    ctx.key = key
+    ctx.save_for_backward(x, w)
+
+
+def _lin_fwd_backward(ctx, gy):
+    x, w = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    return (lin_bwd_x(gy, w, ctx.key) if need[0] else None, lin_bwd_w(gy, x, ctx.key) if need[1] else None, None)
+
+
+def _lin_bx_setup(ctx, inputs, output):
+    gy, w, key = inputs
+    ctx.key = key
+    ctx.save_for_backward(gy, w)
+
+
+def _lin_bx_backward(ctx, g):
+    # <g, gy @ W>: d gy = g @ W^T (lin_fwd), d W = lin_bwd_w(gy, g)
+    gy, w = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    return (lin_fwd(g, w, ctx.key) if need[0] else None, lin_bwd_w(gy, g, ctx.key) if need[1] else None, None)
+
+
+def _lin_bw_setup(ctx, inputs, output):
+    gy, x, key = inputs
+    ctx.key = key
+    ctx.save_for_backward(gy, x)
+
+
+def _lin_bw_backward(ctx, g):
+    # <g, gy^T x>: d gy = x @ g^T (lin_fwd(x, g)), d x = gy @ g (lin_bwd_x(gy, g))
+    gy, x = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    return (lin_fwd(x, g, ctx.key) if need[0] else None, lin_bwd_x(gy, g, ctx.key) if need[1] else None, None)
+
+
+lin_fwd.register_autograd(_lin_fwd_backward, setup_context=_lin_fwd_setup)
+lin_bwd_x.register_autograd(_lin_bx_backward, setup_context=_lin_bx_setup)
+lin_bwd_w.register_autograd(_lin_bw_backward, setup_context=_lin_bw_setup)
+
+
+def equivariant_linear(lin, x: Tensor) -> Tensor:
+    """Triton path of :class:`~flashcart.cartesian.EquivariantLinear`: all ranks in one launch."""
+    key = f"{lin.in_l_max}|{lin.out_l_max}|{lin.in_features}|{lin.out_features}|{','.join(map(str, lin.in_paths))}"
+    w = torch.cat([p.reshape(-1) for p in lin.weights]) if len(lin.weights) else x.new_zeros(0)
+    return lin_fwd(x, w, key)

@@ -1,0 +1,173 @@
+"""Triton backend == generated PyTorch backend: forward, backward, double backward.
+
+On CPU these run under TRITON_INTERPRET=1 (the README's test command sets it); on the GPU
+machine the ``gpu`` variants run the compiled kernels on CUDA tensors.
+"""
+
+import os
+
+import pytest
+import torch
+
+from flashcart.cartesian import DirectionExpansion, EquivariantLinear, TensorProduct
+from flashcart.cartesian._backend import triton_available
+from flashcart.testing import assert_close
+
+needs_triton = pytest.mark.skipif(
+    not triton_available() or not (os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()),
+    reason="Triton kernels need CUDA or TRITON_INTERPRET=1",
+)
+
+DEVICES = [
+    pytest.param("cpu", marks=pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter off")),
+    pytest.param("cuda", marks=pytest.mark.gpu),
+]
+TOL = {torch.float64: (1e-12, 1e-10), torch.float32: (2e-5, 2e-4)}
+
+CASES = [
+    # l1, l2, lout, F1, F2, symmetric, shared, reduce
+    (2, 3, 2, 3, 1, False, False, False),
+    (2, 3, 3, 3, 3, False, False, True),
+    (1, 2, 2, 1, 2, False, True, False),
+    (2, 2, 2, 2, 2, True, False, True),
+    (3, 3, 3, 2, 2, False, False, True),
+]
+
+
+def _graph(n_nodes, n_edges, device):
+    g = torch.Generator().manual_seed(1)
+    receivers = torch.sort(torch.randint(0, n_nodes, (n_edges,), generator=g)).values
+    senders = torch.randint(0, n_nodes, (n_edges,), generator=g)
+    receivers[-1] = n_nodes - 2  # leave the last node without incoming edges
+    receivers = torch.sort(receivers).values
+    return receivers.to(device), senders.to(device)
+
+
+def _pair(cls, *args, **kw):
+    ref = cls(*args, backend="torch", **kw)
+    tri = cls(*args, backend="triton", **kw)
+    tri.load_state_dict(ref.state_dict())
+    return ref, tri
+
+
+def _compare_to_second_order(fn_ref, fn_tri, inputs, dtype):
+    """Outputs, VJPs and the derivative of a VJP-based scalar (force-training pattern)."""
+    tol1, tol2 = TOL[dtype]
+    results = []
+    for fn in (fn_ref, fn_tri):
+        xs = [t.detach().clone().requires_grad_() for t in inputs]
+        out = fn(*xs)
+        cot = torch.sin(torch.arange(out.numel(), dtype=dtype, device=out.device)).reshape(out.shape)
+        grads = torch.autograd.grad(out, xs, cot, create_graph=True)
+        # scalar of the first derivatives, differentiated again (like a force loss)
+        s = sum((g * torch.cos(torch.arange(g.numel(), dtype=dtype, device=g.device)).reshape(g.shape)).sum() for g in grads)
+        second = torch.autograd.grad(s, xs, allow_unused=True)
+        results.append((out, grads, second))
+    (o_r, g_r, s_r), (o_t, g_t, s_t) = results
+    assert_close(o_t, o_r, tol1, "forward")
+    for a, b in zip(g_t, g_r):
+        assert_close(a, b, tol1, "backward")
+    for a, b in zip(s_t, s_r):
+        if b is None:
+            assert a is None or a.abs().max() == 0
+        else:
+            assert_close(a, b, tol2, "double backward")
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("conv", [False, True], ids=["dense", "conv"])
+def test_tensor_product_parity(case, conv, device):
+    dtype = torch.float64
+    l1, l2, lo, f1, f2, sym, shared, red = case
+    if sym and conv:
+        pytest.skip("symmetric products are dense")
+    ref, tri = _pair(TensorProduct, l1, l2, lo, f1, f2, symmetric=sym, shared_weights=shared, reduce_paths=red)
+    n_nodes, n_edges = 4, 7
+    rows = n_edges if conv else n_nodes
+    x1 = torch.randn(n_nodes, ref.in1_width, dtype=dtype, device=device)
+    x2 = torch.randn(rows, ref.in2_width, dtype=dtype, device=device)
+    w = torch.randn(*(() if shared else (rows,)), ref.weight_numel, dtype=dtype, device=device)
+    if sym:
+        inputs = [x1, w]
+        make = lambda m: (lambda a, c: m(a, a, c))  # noqa: E731
+    elif conv:
+        receivers, senders = _graph(n_nodes, n_edges, device)
+        inputs = [x1, x2, w]
+        make = lambda m: (lambda a, b, c: m(a, b, c, receivers, senders))  # noqa: E731
+    else:
+        inputs = [x1, x2, w]
+        make = lambda m: m  # noqa: E731
+    _compare_to_second_order(make(ref), make(tri), inputs, dtype)
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+def test_expansion_parity(device):
+    r = torch.randn(10, 3, dtype=torch.float64, device=device)
+    ref, tri = _pair(DirectionExpansion, 3)
+    _compare_to_second_order(ref, tri, [r], torch.float64)
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+def test_linear_parity(device):
+    ref, tri = _pair(EquivariantLinear, 3, 2, 3, 5, in_paths=[2, 1, 3, 1])
+    ref, tri = ref.to(device, torch.float64), tri.to(device, torch.float64)
+    x = torch.randn(6, ref.in_width, dtype=torch.float64, device=device)
+    ws = [p.detach() for p in ref.weights]
+
+    def call(m):
+        def fn(x, *w):
+            return torch.func.functional_call(m, {f"weights.{i}": wi for i, wi in enumerate(w)}, (x,))
+
+        return fn
+
+    _compare_to_second_order(call(ref), call(tri), [x, *ws], torch.float64)
+
+
+@pytest.mark.gpu
+def test_triton_gradcheck_and_gradgradcheck_on_gpu():
+    device = "cuda"
+    tp = TensorProduct(2, 2, 2, 2, 1, backend="triton")
+    receivers, senders = _graph(4, 6, device)
+    x1 = torch.randn(4, tp.in1_width, dtype=torch.float64, device=device, requires_grad=True)
+    x2 = torch.randn(6, tp.in2_width, dtype=torch.float64, device=device, requires_grad=True)
+    w = torch.randn(6, tp.weight_numel, dtype=torch.float64, device=device, requires_grad=True)
+    fn = lambda a, b, c: tp(a, b, c, receivers, senders)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (x1, x2, w))
+    assert torch.autograd.gradgradcheck(fn, (x1, x2, w))
+    exp = DirectionExpansion(2, backend="triton")
+    r = torch.randn(5, 3, dtype=torch.float64, device=device, requires_grad=True)
+    assert torch.autograd.gradcheck(exp, (r,))
+    assert torch.autograd.gradgradcheck(exp, (r,))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES[:3], ids=str)
+def test_float32_parity_on_gpu(case):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    l1, l2, lo, f1, f2, sym, shared, red = case
+    ref, tri = _pair(TensorProduct, l1, l2, lo, f1, f2, shared_weights=shared, reduce_paths=red)
+    receivers, senders = _graph(50, 400, "cuda")
+    x1 = torch.randn(50, ref.in1_width, device="cuda")
+    x2 = torch.randn(400, ref.in2_width, device="cuda")
+    w = torch.randn(*(() if shared else (400,)), ref.weight_numel, device="cuda")
+    make = lambda m: (lambda a, b, c: m(a, b, c, receivers, senders))  # noqa: E731
+    _compare_to_second_order(make(ref), make(tri), [x1, x2, w], torch.float32)
+
+
+@pytest.mark.gpu
+def test_equivariance_on_gpu():
+    from flashcart.testing import assert_equivariant
+
+    tp = TensorProduct(2, 3, 2, 4, 1, backend="triton")
+    receivers, senders = _graph(20, 80, "cuda")
+    x1 = torch.randn(20, tp.in1_width, dtype=torch.float64, device="cuda")
+    x2 = torch.randn(80, tp.in2_width, dtype=torch.float64, device="cuda")
+    w = torch.randn(80, tp.weight_numel, dtype=torch.float64, device="cuda")
+    fn = lambda a, b: tp(a, b, w, receivers, senders)  # noqa: E731
+    assert_equivariant(fn, [(x1, 2, None), (x2, 3, None)], 2, tp.n_paths_per_rank)
+    exp = DirectionExpansion(3, backend="triton")
+    assert_equivariant(exp, [(torch.randn(30, 3, dtype=torch.float64, device="cuda"), -1, None)], 3)
