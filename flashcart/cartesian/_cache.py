@@ -63,9 +63,9 @@ def generator_digest() -> str:
     """Digest of the package version and the code that derives and emits sources."""
     h = hashlib.sha256(flashcart.__version__.encode())
     here = Path(__file__).parent
-    for name in sorted(p.name for p in here.glob("_*.py")):
-        h.update(name.encode())
-        h.update((here / name).read_bytes())
+    for path in sorted(here.rglob("*.py")):
+        h.update(str(path.relative_to(here)).encode())
+        h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
 

@@ -6,7 +6,7 @@ import torch
 
 from ._components import dim
 
-__all__ = ["split_ranks", "layout_width"]
+__all__ = ["split_ranks", "layout_width", "edge_csr"]
 
 
 def layout_width(l_max: int, n_features: int, n_paths: list[int] | None = None) -> int:
@@ -26,3 +26,16 @@ def split_ranks(
         out.append(x[:, start : start + size].reshape(x.shape[0], dim(l), p * n_features))
         start += size
     return out
+
+
+def edge_csr(receivers: torch.Tensor, senders: torch.Tensor, n_nodes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(rowptr, perm, srowptr)``: receiver CSR, edges sorted by sender, and sender CSR.
+
+    Edges must be grouped by receiver. Shapes ``[n_nodes + 1]``, ``[E]``, ``[n_nodes + 1]``.
+    Static shapes only (``torch.compile``-friendly).
+    """
+    ones = torch.ones_like(receivers)
+    rowptr = torch.cumsum(torch.zeros(n_nodes + 1, dtype=receivers.dtype, device=receivers.device).index_add(0, receivers + 1, ones), 0)
+    perm = torch.argsort(senders, stable=True)
+    srowptr = torch.cumsum(torch.zeros(n_nodes + 1, dtype=senders.dtype, device=senders.device).index_add(0, senders + 1, ones), 0)
+    return rowptr, perm, srowptr

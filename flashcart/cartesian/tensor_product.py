@@ -6,10 +6,10 @@ import torch
 
 from ._backend import check_backend, check_rank, resolve_backend, torch_ops
 from ._components import dim
-from ._layout import layout_width, split_ranks
+from ._layout import edge_csr, layout_width, split_ranks
 from ._paths import Path, enumerate_paths
 
-__all__ = ["TensorProduct"]
+__all__ = ["TensorProduct", "edge_csr"]
 
 
 class TensorProduct(torch.nn.Module):
@@ -34,7 +34,8 @@ class TensorProduct(torch.nn.Module):
       -> ``[n, out_width]``;
     * convolution (both index tensors given, ``[E]`` int64, edges grouped by receiver):
       ``x1: [n_nodes, W1]`` gathered at ``senders``, ``x2: [E, W2]``, ``weights: [E, n_paths*F]``
-      or shared; messages summed at ``receivers`` -> ``[n_nodes, out_width]``.
+      or shared; messages summed at ``receivers`` -> ``[n_nodes, out_width]``. ``csr`` may
+      carry :func:`edge_csr` of the graph, computed once and reused by every layer.
 
     Output layout: rank blocks ``(2L+1, n_paths_L, F)``, or ``(2L+1, F)`` with ``reduce_paths``.
     """
@@ -112,12 +113,13 @@ class TensorProduct(torch.nn.Module):
         weights: torch.Tensor,
         receivers: torch.Tensor | None = None,
         senders: torch.Tensor | None = None,
+        csr: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         conv = self._check(x1, x2, weights, receivers, senders)
         if resolve_backend(self.backend, x1) == "triton":
             from ._triton.ops import tensor_product
 
-            return tensor_product(self, x1, x2, weights, receivers, senders)
+            return tensor_product(self, x1, x2, weights, receivers, senders, csr)
         a_blocks = split_ranks(x1, self.in1_l_max, self.in1_features)
         if conv:
             a_blocks = [a.index_select(0, senders) for a in a_blocks]

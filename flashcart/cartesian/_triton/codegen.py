@@ -143,7 +143,7 @@ def _bwd_edge(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
         "tp_bwd_edge",
         ["go_ptr", "x1_ptr", "x2_ptr", "w_ptr", "g1_ptr", "g2_ptr", "gw_ptr", "recv_ptr", "send_ptr",
          "go_row", "x1_row", "x2_row", "w_row", "g1_row", "g2_row", "gw_row", "F1S", "F2S", "F1C", "F2C", "F"],
-        ["CONV", "NEED_G1", "NEED_G2", "NEED_GW", "BLOCK_F", "DT"],
+        ["CONV", "NEED_G1", "NEED_G2", "NEED_GW", "REDUCE_G2", "BLOCK_F", "DT"],
     )
     I, II = _I, _I * 2
     L += [
@@ -170,7 +170,7 @@ def _bwd_edge(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
     L.append(f"{I}if NEED_G1:")
     L += _grad_block(paths, "l1", II, "g1_ptr + r * g1_row", "a", in1_l_max)
     L.append(f"{I}if NEED_G2:")
-    L += _grad_block(paths, "l2", II, "g2_ptr + r * g2_row", "b", in2_l_max)
+    L += _grad_block(paths, "l2", II, "g2_ptr + r * g2_row", "b", in2_l_max, reduce_flag="REDUCE_G2")
     L.append(f"{I}if NEED_GW:")
     L.append(f"{II}pgw = gw_ptr + r * gw_row")
     for pi, p in enumerate(paths):
@@ -180,8 +180,12 @@ def _bwd_edge(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
     return L
 
 
-def _grad_block(paths, attr, indent, ptr, vjp, l_max) -> list[str]:
-    """Accumulate ``sum_p w_p * VJP_p`` for input ``a`` (vjp='a') or ``b`` and store all ranks."""
+def _grad_block(paths, attr, indent, ptr, vjp, l_max, reduce_flag=None) -> list[str]:
+    """Accumulate ``sum_p w_p * VJP_p`` for input ``a`` (vjp='a') or ``b`` and store all ranks.
+
+    With ``reduce_flag`` set at run time the input is broadcast (one channel) and the
+    program, which then covers every channel, stores the channel sum.
+    """
     L = []
     ranks = _ranks(paths, attr)
     for l in ranks:
@@ -197,10 +201,18 @@ def _grad_block(paths, attr, indent, ptr, vjp, l_max) -> list[str]:
         for i in range(2 * l_in + 1):
             L.append(f"{indent}g{l_in}_{i} += w{pi} * v{pi}_{i}")
     L.append(f"{indent}pgo = {ptr}")
+    stores, sums = [], []
     for l in range(l_max + 1):
         for i in range(2 * l + 1):
             value = f"g{l}_{i}" if l in ranks else "tl.zeros([BLOCK_F], dtype=DT)"
-            L.append(f"{indent}tl.store(pgo + {l * l + i} * F + f, {value}, mask=fm)")
+            stores.append(f"tl.store(pgo + {l * l + i} * F + f, {value}, mask=fm)")
+            sums.append(f"tl.store(pgo + {l * l + i}, tl.sum({value}, axis=0))")
+    if reduce_flag is None:
+        return L + [indent + s for s in stores]
+    L.append(f"{indent}if {reduce_flag}:")
+    L += [indent + _I + s for s in sums]
+    L.append(f"{indent}else:")
+    L += [indent + _I + s for s in stores]
     return L
 
 

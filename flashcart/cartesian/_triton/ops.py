@@ -24,6 +24,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .linear_kernel import N_COLS, grouped_matmul
+from .._layout import edge_csr
 from .source import expansion_module, product_key, product_module, product_spec
 
 __all__ = ["tensor_product", "direction_expansion", "equivariant_linear", "edge_csr"]
@@ -45,20 +46,6 @@ def _channels(width: int, comps: int, what: str) -> int:
 # ---------------------------------------------------------------------------------------
 # tensor product
 # ---------------------------------------------------------------------------------------
-
-
-def edge_csr(receivers: Tensor, senders: Tensor, n_nodes: int) -> tuple[Tensor, Tensor, Tensor]:
-    """``(rowptr, perm, srowptr)``: receiver CSR, edges sorted by sender, and sender CSR.
-
-    Edges must be grouped by receiver. Shapes: ``[n_nodes + 1]``, ``[E]``, ``[n_nodes + 1]``.
-    """
-    ones = torch.ones_like(receivers)
-    counts = torch.zeros(n_nodes + 1, dtype=receivers.dtype, device=receivers.device)
-    rowptr = torch.cumsum(counts.index_add(0, receivers + 1, ones), 0)
-    perm = torch.argsort(senders, stable=True)
-    scounts = torch.zeros(n_nodes + 1, dtype=senders.dtype, device=senders.device)
-    srowptr = torch.cumsum(scounts.index_add(0, senders + 1, ones), 0)
-    return rowptr, perm, srowptr
 
 
 def _tp_shapes(key: str, x1: Tensor, x2: Tensor):
@@ -123,21 +110,25 @@ def tp_bwd(
     shared = w.dim() == 1
     dev, dt = x2.device, x2.dtype
     g1 = torch.empty(x1.shape[0], spec.in1_comps * F, dtype=dt, device=dev) if need_x1 else x1.new_empty(0)
-    g2 = torch.empty(rows, spec.in2_comps * F, dtype=dt, device=dev) if need_x2 else x2.new_empty(0)
+    # A broadcast input 2 (one channel, the edge attributes) gets its channel sum in-kernel:
+    # one program then covers every channel.
+    reduce_g2 = need_x2 and f2 == 1 and F > 1 and F <= 256
+    g2 = torch.empty(rows, spec.in2_comps * (1 if reduce_g2 else F), dtype=dt, device=dev) if need_x2 else x2.new_empty(0)
     gw = torch.empty(rows, spec.n_paths * F, dtype=dt, device=dev) if need_w else w.new_empty(0)
     block, warps = _block_f(F)
     mod = product_module(key)
     w_row = 0 if shared else w.shape[1]
     if rows and F and (need_x2 or need_w or (need_x1 and not conv)):
         dummy = go
-        mod.tp_bwd_edge[(rows, triton.cdiv(F, block))](
+        eblock = triton.next_power_of_2(F) if reduce_g2 else block
+        mod.tp_bwd_edge[(rows, triton.cdiv(F, eblock))](
             go, x1, x2, w, g1 if need_x1 and not conv else dummy, g2 if need_x2 else dummy, gw if need_w else dummy,
             receivers if conv else dummy, senders if conv else dummy,
             go.shape[1], x1.shape[1], x2.shape[1], w_row, g1.shape[-1] if need_x1 else 0,
             g2.shape[-1] if need_x2 else 0, gw.shape[-1] if need_w else 0,
             int(f1 != 1), int(f2 != 1), f1, f2, F,
-            CONV=conv, NEED_G1=need_x1 and not conv, NEED_G2=need_x2, NEED_GW=need_w,
-            BLOCK_F=block, DT=_DT[dt], num_warps=warps,
+            CONV=conv, NEED_G1=need_x1 and not conv, NEED_G2=need_x2, NEED_GW=need_w, REDUCE_G2=reduce_g2,
+            BLOCK_F=eblock, DT=_DT[dt], num_warps=max(1, eblock // 32),
         )
     if need_x1 and conv and x1.shape[0] and F:
         mod.tp_bwd_x1_csr[(x1.shape[0], triton.cdiv(F, block))](
@@ -149,7 +140,7 @@ def tp_bwd(
         g1.zero_()
     if need_x1:
         g1 = _reduce_channels(g1, spec.in1_comps, f1)
-    if need_x2:
+    if need_x2 and not reduce_g2:
         g2 = _reduce_channels(g2, spec.in2_comps, f2)
     if need_w and shared:
         gw = gw.sum(0)

@@ -1,0 +1,107 @@
+"""Convolution tensor-product kernels on the periodic diamond workload (GPU).
+
+Diamond, a = 3.567 Å, 5x5x5 cubic cells (1000 atoms), r_max 6 Å (158k edges); hidden
+l_max 2 (senders), edge l_max 3 (one channel), output l_max 2, path-resolved; per-edge
+weights. For each feature count: forward, backward (all inputs) and double backward, in
+ms (median of CUDA-event timings after warm-up, float32, TF32 off), with the bytes each
+must move at least and the achieved fraction of the measured copy bandwidth.
+
+    python benchmarks/kernels.py --features 20 64 128 [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import triton.testing
+
+from flashcart.cartesian import DirectionExpansion, TensorProduct, edge_csr
+from flashcart.data.neighbors import neighbor_list
+
+
+def diamond(device, dtype=torch.float32):
+    a = 3.567
+    basis = torch.tensor([[0, 0, 0], [0, .5, .5], [.5, 0, .5], [.5, .5, 0],
+                          [.25, .25, .25], [.25, .75, .75], [.75, .25, .75], [.75, .75, .25]], dtype=torch.float64)
+    cells = torch.cartesian_prod(*[torch.arange(5, dtype=torch.float64)] * 3)
+    pos = ((cells[:, None, :] + basis[None]) * a).reshape(-1, 3)
+    cell = torch.eye(3, dtype=torch.float64) * 5 * a
+    i, j, shifts = neighbor_list(pos.to(device), 6.0, cell.to(device), (True, True, True))
+    vec = pos.to(device)[j] - pos.to(device)[i] + shifts @ cell.to(device)
+    return pos.shape[0], i, j, vec.to(dtype)
+
+
+def copy_bandwidth() -> float:
+    x = torch.empty(2**29, device="cuda")  # 2 GiB
+    y = torch.empty_like(x)
+    ms = triton.testing.do_bench(lambda: y.copy_(x), warmup=25, rep=200, return_mode="median")
+    return 2 * x.numel() * 4 / (ms * 1e-3)
+
+
+def bench(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--features", type=int, nargs="+", default=[20, 64, 128])
+    parser.add_argument("--backends", nargs="+", default=["triton", "torch"])
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dev = "cuda"
+    n, rec, snd, vec = diamond(dev)
+    E = rec.numel()
+    csr = edge_csr(rec, snd, n)
+    attrs = DirectionExpansion(3)(vec)
+    bw = copy_bandwidth()
+    print(f"atoms {n}, edges {E}, copy bandwidth {bw / 1e12:.2f} TB/s")
+    rows = []
+    for F in args.features:
+        for backend in args.backends:
+            tp = TensorProduct(2, 3, 2, F, 1, backend=backend)
+            x1 = torch.randn(n, tp.in1_width, device=dev, requires_grad=True)
+            x2 = attrs.detach().clone().requires_grad_()
+            w = torch.randn(E, tp.weight_numel, device=dev, requires_grad=True)
+            ins = [x1, x2, w]
+            try:
+                fwd = lambda: tp(x1, x2, w, rec, snd, csr)  # noqa: E731
+                out = fwd()
+                go = torch.randn_like(out)
+                grads = torch.autograd.grad(out, ins, go, create_graph=True)
+                vs = [torch.randn_like(g) for g in grads]
+                s = sum((g * v).sum() for g, v in zip(grads, vs))
+                with torch.no_grad():
+                    t_f = bench(fwd)
+                t_b = bench(lambda: torch.autograd.grad(out, ins, go, retain_graph=True))
+                t_d = bench(lambda: torch.autograd.grad(s, ins, retain_graph=True))
+            except torch.OutOfMemoryError:
+                print(f"F={F} {backend}: out of memory")
+                torch.cuda.empty_cache()
+                continue
+            el = 4
+            in_bytes = (x1.numel() + x2.numel() + w.numel()) * el
+            b_f = in_bytes + out.numel() * el
+            b_b = in_bytes + out.numel() * el + in_bytes  # read inputs and go, write the three grads
+            b_d = 2 * b_b  # inputs, go, three cotangents; four results
+            row = dict(F=F, backend=backend, paths=tp.n_paths, fwd_ms=t_f, bwd_ms=t_b, dbwd_ms=t_d,
+                       fwd_bytes=b_f, bwd_bytes=b_b, dbwd_bytes=b_d,
+                       fwd_roofline=b_f / (t_f * 1e-3) / bw, bwd_roofline=b_b / (t_b * 1e-3) / bw,
+                       dbwd_roofline=b_d / (t_d * 1e-3) / bw)
+            rows.append(row)
+            del out, grads, s
+            torch.cuda.empty_cache()
+    print(f"{'F':>4} {'backend':>7} {'fwd ms':>8} {'bwd ms':>8} {'dbwd ms':>8} {'fwd %bw':>8} {'bwd %bw':>8} {'dbwd %bw':>8}")
+    for r in rows:
+        print(f"{r['F']:4d} {r['backend']:>7} {r['fwd_ms']:8.3f} {r['bwd_ms']:8.3f} {r['dbwd_ms']:8.3f} "
+              f"{100 * r['fwd_roofline']:7.1f}% {100 * r['bwd_roofline']:7.1f}% {100 * r['dbwd_roofline']:7.1f}%")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(dict(copy_bandwidth=bw, atoms=n, edges=E, rows=rows), fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
