@@ -11,7 +11,11 @@ import torch
 
 from .cartesian import rotate
 
-__all__ = ["random_rotation", "assert_equivariant", "assert_close", "TOLERANCES"]
+__all__ = ["random_rotation", "assert_equivariant", "assert_close", "assert_forces_are_gradients", "TOLERANCES", "TINY_MODEL"]
+
+# A small architecture for fast tests (all ranks and layer types present).
+TINY_MODEL = dict(n_hidden_feats=4, l_max_hidden_feats=2, l_max_edge_attrs=2, n_radial=4, n_interactions=2,
+                  correlation=3, hidden_radial=[8], hidden_readout=[8], r_max=4.0)
 
 TOLERANCES = {torch.float64: 1e-10, torch.float32: 1e-4}
 
@@ -73,3 +77,19 @@ def assert_equivariant(
             out = func(*args)
             expected = base if out_l_max is None else rotate(base, R, out_l_max, out_paths)
             assert_close(out, expected, tol, what=f"equivariance ({'improper' if improper else 'proper'})")
+
+
+def assert_forces_are_gradients(predict, positions: torch.Tensor, forces: torch.Tensor, energy_fn, h: float = 1e-5,
+                                n_checks: int = 6, tol: float = 1e-6) -> None:
+    """Central finite differences of ``energy_fn(positions)`` match ``-forces`` on random entries."""
+    del predict
+    g = torch.Generator().manual_seed(0)
+    for _ in range(n_checks):
+        i = int(torch.randint(0, positions.shape[0], (1,), generator=g))
+        k = int(torch.randint(0, 3, (1,), generator=g))
+        plus, minus = positions.clone(), positions.clone()
+        plus[i, k] += h
+        minus[i, k] -= h
+        fd = -(float(energy_fn(plus)) - float(energy_fn(minus))) / (2 * h)
+        if abs(fd - float(forces[i, k])) > tol * max(1.0, abs(fd)):
+            raise AssertionError(f"force [{i}, {k}] = {float(forces[i, k]):.8g} but -dE/dx by finite differences = {fd:.8g}")

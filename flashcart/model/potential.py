@@ -1,0 +1,193 @@
+"""The FlashCart potential: an ICT message-passing network predicting energies and forces.
+
+Units: positions and cells in Å, energies in eV, forces in eV/Å, stress in eV/Å^3.
+Architecture: ``docs/model.md``. All options are keys of ``configs/default.yaml``; the
+Python constructor takes the same names with the same defaults (:data:`MODEL_KEYS`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from ase.data import atomic_numbers, chemical_symbols
+
+from ..cartesian import DirectionExpansion, edge_csr
+from ..nn.blocks import Gate, Interaction, ProductBlock
+from ..nn.radial import MLP, ChebyshevBasis, PolynomialEnvelope
+
+__all__ = ["FlashCartPotential", "MODEL_KEYS"]
+
+# Configuration keys that define the architecture (saved with every checkpoint).
+MODEL_KEYS = (
+    "r_max", "r_min", "n_hidden_feats", "l_max_hidden_feats", "l_max_edge_attrs", "n_radial",
+    "n_interactions", "correlation", "path_reduced_product", "nonlinearity", "gate_activation",
+    "gate_bias", "layer_norm", "element_agnostic_interaction", "element_agnostic_product",
+    "n_element_interaction_features", "radial_mapping", "cutoff_poly_order", "hidden_radial",
+    "hidden_readout", "use_triton", "model_seed",
+)
+
+
+def _defaults() -> dict[str, Any]:
+    from ..config import default_config
+
+    cfg = default_config()
+    return {k: cfg[k] for k in MODEL_KEYS}
+
+
+class FlashCartPotential(torch.nn.Module):
+    """Energy model ``E = sum_i (scale_Z * MLP(scalars_i) + shift_Z)``.
+
+    Args:
+        elements: chemical symbols the model knows (order defines type indices).
+        **options: any of :data:`MODEL_KEYS`; missing ones take the packaged defaults.
+        avg_neighbors: edges per atom within ``r_max`` (set by :meth:`prefit`).
+    """
+
+    def __init__(self, elements: list[str], avg_neighbors: float = 1.0, **options: Any):
+        super().__init__()
+        unknown = set(options) - set(MODEL_KEYS)
+        if unknown:
+            raise ValueError(f"unknown model options: {sorted(unknown)}")
+        for sym in elements:
+            if sym not in atomic_numbers:
+                raise ValueError(f"unknown chemical symbol {sym!r} in elements")
+        opts = {**_defaults(), **options}
+        self.options = opts
+        self.elements = list(elements)
+        gen = torch.random.fork_rng()
+        with gen:
+            torch.manual_seed(opts["model_seed"])
+            self._build(opts, avg_neighbors)
+
+    def _build(self, o: dict[str, Any], avg_neighbors: float) -> None:
+        n_el = len(self.elements)
+        F, L, Le = o["n_hidden_feats"], o["l_max_hidden_feats"], o["l_max_edge_attrs"]
+        backend = "auto" if o["use_triton"] else "torch"
+        z_to_type = torch.full((len(chemical_symbols),), -1, dtype=torch.long)
+        for t, sym in enumerate(self.elements):
+            z_to_type[atomic_numbers[sym]] = t
+        self.register_buffer("z_to_type", z_to_type)
+        self.r_max = float(o["r_max"])
+        self.expansion = DirectionExpansion(Le, backend=backend)
+        self.basis = ChebyshevBasis(o["n_radial"], o["r_max"], o["r_min"], o["radial_mapping"])
+        self.envelope = PolynomialEnvelope(o["r_max"], o["cutoff_poly_order"])
+        self.embedding = torch.nn.Embedding(n_el, F)
+        el_feats = None
+        if not o["element_agnostic_interaction"]:
+            el_feats = o["n_element_interaction_features"] or F
+            self.element_embedding = torch.nn.Embedding(n_el, el_feats)
+        self.interactions = torch.nn.ModuleList()
+        self.gates = torch.nn.ModuleList()
+        self.products = torch.nn.ModuleList()
+        n_layers = o["n_interactions"]
+        for k in range(n_layers):
+            last = k == n_layers - 1
+            l_in = 0 if k == 0 else L
+            self.interactions.append(
+                Interaction(l_in, L, Le, F, o["n_radial"], o["hidden_radial"], avg_neighbors, el_feats, o["layer_norm"], backend)
+            )
+            self.gates.append(Gate(L, F, o["gate_activation"], o["gate_bias"], backend) if o["nonlinearity"] else torch.nn.Identity())
+            self.products.append(
+                ProductBlock(L, 0 if last else L, F, o["correlation"], o["path_reduced_product"], n_el,
+                             o["element_agnostic_product"], o["layer_norm"], backend)
+            )
+        self.readout = MLP(n_layers * F, o["hidden_readout"], 1)
+        self.register_buffer("atomic_shifts", torch.zeros(n_el, dtype=torch.float64))
+        self.register_buffer("scale", torch.ones(n_el, dtype=torch.float64))
+        self.register_buffer("avg_neighbors", torch.tensor(float(avg_neighbors), dtype=torch.float64))
+        self.F = F
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_config(cls, cfg: dict[str, Any], elements: list[str] | None = None) -> "FlashCartPotential":
+        """Build from a merged configuration (``elements`` overrides ``cfg['elements']``)."""
+        elements = elements or cfg.get("elements")
+        if not elements:
+            raise ValueError("the model needs 'elements' (set it, or let training infer it from train_path)")
+        return cls(list(elements), **{k: cfg[k] for k in MODEL_KEYS if k in cfg})
+
+    def set_avg_neighbors(self, value: float) -> None:
+        """Set the neighbour normalisation of every interaction."""
+        self.avg_neighbors.fill_(value)
+        for block in self.interactions:
+            block.inv_sqrt_avg_neighbors.fill_(value**-0.5)
+
+    def types_from_numbers(self, numbers: torch.Tensor) -> torch.Tensor:
+        """Type indices of atomic numbers; raises naming any element the model does not know."""
+        types = self.z_to_type[numbers]
+        if bool((types < 0).any()):
+            bad = sorted({chemical_symbols[int(z)] for z in numbers[types < 0].tolist()})
+            raise ValueError(f"elements {bad} are not among the model's elements {self.elements}")
+        return types
+
+    # ------------------------------------------------------------------ evaluation
+
+    def site_energies(
+        self,
+        positions: torch.Tensor,
+        types: torch.Tensor,
+        cell: torch.Tensor,
+        shifts: torch.Tensor,
+        receivers: torch.Tensor,
+        senders: torch.Tensor,
+        batch: torch.Tensor,
+        edge_batch: torch.Tensor,
+    ) -> torch.Tensor:
+        """Per-atom energies ``[N]`` (eV).
+
+        Args:
+            positions: ``[N, 3]`` Å; types: ``[N]``; cell: ``[G, 3, 3]`` Å (rows are lattice vectors);
+            shifts: ``[E, 3]`` integer image offsets; receivers/senders: ``[E]`` (grouped by
+            receiver); batch: ``[N]`` graph of each atom; edge_batch: ``[E]`` graph of each edge.
+        """
+        vec = positions[senders] - positions[receivers] + torch.einsum("ek,ekl->el", shifts, cell[edge_batch])
+        d = torch.sqrt((vec * vec).sum(-1) + 1e-30)
+        attrs = self.expansion(vec)
+        env = self.envelope(d)
+        radial = self.basis(d) * env[:, None]
+        csr = edge_csr(receivers, senders, positions.shape[0])
+        node_embed = self.element_embedding(types) if hasattr(self, "element_embedding") else None
+        x = self.embedding(types)
+        scalars = []
+        for interaction, gate, product in zip(self.interactions, self.gates, self.products):
+            a = interaction(x, attrs, radial, receivers, senders, csr, node_embed)
+            a = gate(a)
+            x = product(a, types)
+            scalars.append(x[:, : self.F])
+        e = self.readout(torch.cat(scalars, dim=1)).squeeze(-1)
+        return e * self.scale[types].to(e.dtype) + self.atomic_shifts[types].to(e.dtype)
+
+    def forward(self, positions, types, cell, shifts, receivers, senders, batch, edge_batch, n_graphs: int):
+        """Energies per graph ``[G]`` (eV)."""
+        site = self.site_energies(positions, types, cell, shifts, receivers, senders, batch, edge_batch)
+        return torch.zeros(n_graphs, dtype=site.dtype, device=site.device).index_add(0, batch, site)
+
+    def predict(self, batch, forces: bool = True, stress: bool = False, create_graph: bool = False) -> dict[str, torch.Tensor]:
+        """Energy ``[G]``, forces ``[N, 3]`` (``-dE/dx``) and stress ``[G, 3, 3]`` (``dE/d(strain) / V``).
+
+        ``batch`` is a :class:`flashcart.data.Batch`. With ``create_graph`` the results stay
+        differentiable (training on forces).
+        """
+        leaf = batch.positions
+        if forces or stress:
+            leaf = leaf.detach().requires_grad_(True)
+        positions, cell, strain = leaf, batch.cell, None
+        if stress:
+            strain = torch.zeros(batch.n_graphs, 3, 3, dtype=leaf.dtype, device=leaf.device, requires_grad=True)
+            sym = 0.5 * (strain + strain.transpose(1, 2))
+            positions = leaf + torch.einsum("ni,nij->nj", leaf, sym[batch.batch])
+            cell = cell + torch.bmm(cell, sym)
+        energy = self(positions, batch.types, cell, batch.shifts, batch.receivers, batch.senders,
+                      batch.batch, batch.edge_batch, batch.n_graphs)
+        out = {"energy": energy}
+        if forces or stress:
+            wrt = [leaf] if strain is None else [leaf, strain]
+            grads = torch.autograd.grad(energy.sum(), wrt, create_graph=create_graph)
+            if forces:
+                out["forces"] = -grads[0]
+            if stress:
+                volume = torch.abs(torch.det(batch.cell)).clamp_min(1e-12)
+                out["stress"] = grads[1] / volume[:, None, None]
+        return out

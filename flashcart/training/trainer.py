@@ -1,0 +1,231 @@
+"""``flashcart-train``: fit a FlashCart potential and write the run directory.
+
+Run directory (``output_path``): ``config.yaml`` (merged), ``train.log``, ``metrics.csv``,
+``best/`` (EMA weights at the best early-stopping metric) and ``log/`` (latest weights and
+``training_state.pt``). Starting the same command again resumes from ``log/``: the run
+continues from the last saved epoch and, on the CPU, ends with the same weights as an
+uninterrupted run (shuffling is seeded per epoch; optimizer, EMA and RNG states are saved).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from ase.data import atomic_numbers
+from tqdm import tqdm
+
+from ..config import ConfigError, dump_config, require
+from ..data import BatchLoader, read_structures
+from ..model.checkpoint import save_checkpoint
+from ..model.potential import MODEL_KEYS, FlashCartPotential
+from ..model.prefit import prefit
+from ..utils.io import atomic_write, atomic_write_text
+from .losses import Metrics, loss_value, required_properties
+from .optim import EMA, build_optimizers, wsd_factor
+
+__all__ = ["train", "TrainingError", "resolve_device", "resolve_dtype", "setup_logger"]
+
+
+class TrainingError(RuntimeError):
+    """Training cannot continue (non-finite loss, inconsistent resume)."""
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "gpu":
+        if not torch.cuda.is_available():
+            raise ConfigError("device: gpu was requested but CUDA is not available (use device=cpu or device=auto)")
+        return torch.device("cuda")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device("cpu")
+
+
+def resolve_dtype(precision: str) -> torch.dtype:
+    return torch.float64 if precision == "64-true" else torch.float32
+
+
+def setup_logger(path: Path) -> logging.Logger:
+    logger = logging.getLogger(f"flashcart.{path}")
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    if not logger.handlers:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(path)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        logger.addHandler(handler)
+        stream = logging.StreamHandler()
+        stream.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(stream)
+    return logger
+
+
+def infer_elements(structures) -> list[str]:
+    from ase.data import chemical_symbols
+
+    zs = sorted({int(z) for s in structures for z in s.numbers.tolist()})
+    return [chemical_symbols[z] for z in zs]
+
+
+def _read(cfg: dict[str, Any], key: str, progress: bool):
+    return read_structures(cfg[key], cfg["r_max"], cfg["energy_key"], cfg["forces_key"], cfg["stress_key"], progress)
+
+
+def _evaluate(model, loader, metrics: Metrics, props: set[str], device, dtype) -> dict[str, float]:
+    for batch in loader:
+        b = batch.to(device, dtype)
+        pred = model.predict(b, forces="forces" in props, stress="stress" in props)
+        metrics.update(pred, b)
+    return metrics.compute()
+
+
+class _MetricsFile:
+    """``metrics.csv`` rewritten atomically after each epoch (rows after a resume point dropped)."""
+
+    def __init__(self, path: Path, keep_until_epoch: int):
+        self.path, self.rows = path, []
+        if path.exists() and keep_until_epoch > 0:
+            with path.open() as fh:
+                self.rows = [r for r in csv.DictReader(fh) if int(r["epoch"]) <= keep_until_epoch]
+
+    def append(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        buf = io.StringIO()
+        fields = list(dict.fromkeys(k for r in self.rows for k in r))
+        writer = csv.DictWriter(buf, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(self.rows)
+        atomic_write_text(self.path, buf.getvalue())
+
+
+def train(cfg: dict[str, Any], progress: bool = True) -> Path:
+    """Train according to a merged configuration; returns the run directory."""
+    require(cfg, ["train_path", "output_path"], "flashcart-train")
+    out = Path(cfg["output_path"])
+    out.mkdir(parents=True, exist_ok=True)
+    log = setup_logger(out / "train.log")
+    device, dtype = resolve_device(cfg["device"]), resolve_dtype(cfg["precision"])
+    torch.manual_seed(cfg["model_seed"])
+    state_file = out / "log" / "training_state.pt"
+    resuming = state_file.exists()
+
+    train_set = _read(cfg, "train_path", progress)
+    if cfg["elements"] is None:
+        cfg = {**cfg, "elements": infer_elements(train_set)}
+    for sym in cfg["elements"]:
+        if sym not in atomic_numbers:
+            raise ConfigError(f"elements: unknown chemical symbol {sym!r}")
+    valid_set = _read(cfg, "valid_path", progress) if cfg["valid_path"] else None
+
+    if resuming:
+        saved = yaml.safe_load((out / "config.yaml").read_text())
+        changed = [k for k in (*MODEL_KEYS, "elements") if saved.get(k) != cfg.get(k)]
+        if changed:
+            raise TrainingError(f"{out} holds a run with different model settings {changed}; use a new output_path")
+        try:
+            state = torch.load(state_file, weights_only=False)
+        except Exception as err:
+            raise TrainingError(f"{state_file}: cannot be read ({err}); remove {out / 'log'} to start over") from None
+        model = FlashCartPotential.from_config(cfg)
+        model.load_state_dict(state["model"])
+        log.info(f"resuming from {out / 'log'} after epoch {state['epoch']}")
+    else:
+        model = FlashCartPotential.from_config(cfg)
+        fitted = prefit(model, train_set, cfg["atomic_shifts"], cfg["fit_atomic_shifts"])
+        log.info(f"pre-fit: {fitted}")
+        dump_config(cfg, out / "config.yaml")
+        state = None
+    model.to(device=device, dtype=dtype)
+    n_params = sum(p.numel() for p in model.parameters())
+    log.info(f"model: {n_params} parameters, elements {model.elements}, device {device}, dtype {dtype}")
+
+    opts = build_optimizers(model, cfg)
+    ema = EMA(model, cfg["ema_decay"])
+    eval_model = load_checkpoint_like(model)
+    train_props = required_properties(cfg["train_loss"])
+    eval_props = required_properties(cfg["early_stopping_loss"], *cfg["valid_losses"].values())
+    loader = BatchLoader(train_set, cfg["train_batch_size"], model.z_to_type.cpu(), cfg["dynamic_batching"],
+                         shuffle=True, seed=cfg["data_seed"], drop_last=cfg["drop_last"])
+    valid_loader = BatchLoader(valid_set, cfg["eval_batch_size"], model.z_to_type.cpu(), cfg["dynamic_batching"]) if valid_set else None
+    start_epoch, best = 0, float("inf")
+    if state is not None:
+        for opt, s in zip(opts, state["optimizers"]):
+            opt.load_state_dict(s)
+        ema.load_state_dict(state["ema"])
+        start_epoch, best = state["epoch"], state["best"]
+        torch.set_rng_state(state["rng"])
+    metrics_file = _MetricsFile(out / "metrics.csv", start_epoch)
+    base_lrs = [[g["lr"] for g in o.param_groups] for o in opts]
+    if state is not None:
+        base_lrs = state["base_lrs"]
+
+    for epoch in range(start_epoch, cfg["max_epochs"]):
+        factor = wsd_factor(epoch, cfg)
+        for opt, lrs in zip(opts, base_lrs):
+            for g, lr in zip(opt.param_groups, lrs):
+                g["lr"] = lr * factor
+        loader.set_epoch(epoch)
+        t0 = time.perf_counter()
+        model.train()
+        total, count = 0.0, 0
+        bar = tqdm(loader, desc=f"epoch {epoch + 1}/{cfg['max_epochs']}", disable=not progress, leave=False)
+        for k, batch in enumerate(bar):
+            b = batch.to(device, dtype)
+            pred = model.predict(b, forces="forces" in train_props, stress="stress" in train_props, create_graph=True)
+            loss = loss_value(cfg["train_loss"], pred, b)
+            if not torch.isfinite(loss):
+                raise TrainingError(
+                    f"non-finite training loss ({float(loss)}) at epoch {epoch + 1}, batch {k + 1}; "
+                    "lower lr, set grad_clip_norm, or check the data"
+                )
+            for opt in opts:
+                opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg["grad_clip_norm"] is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip_norm"])
+            for opt in opts:
+                opt.step()
+            ema.update(model)
+            total += float(loss.detach())
+            count += 1
+            bar.set_postfix(loss=f"{total / count:.4g}")
+        row: dict[str, Any] = {"epoch": epoch + 1, "time": round(time.perf_counter() - t0, 3),
+                               "lr": base_lrs[0][0] * factor, "train_loss": total / max(count, 1)}
+        last = epoch + 1 == cfg["max_epochs"]
+        if valid_loader is not None and ((epoch + 1) % cfg["validate_every"] == 0 or last):
+            eval_model.load_state_dict(ema.state_dict())
+            losses = {**cfg["valid_losses"], "early_stopping": cfg["early_stopping_loss"]}
+            values = _evaluate(eval_model, valid_loader, Metrics(losses), eval_props, device, dtype)
+            row.update({f"valid_{k}": v for k, v in values.items()})
+            if values["early_stopping"] < best:
+                best = values["early_stopping"]
+                save_checkpoint(model, out / "best", ema.state_dict(), cfg)
+        elif valid_loader is None:
+            save_checkpoint(model, out / "best", ema.state_dict(), cfg)
+        metrics_file.append(row)
+        log.info(" ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
+        if (epoch + 1) % cfg["save_every"] == 0 or last:
+            _save_state(model, opts, ema, epoch + 1, best, base_lrs, out, cfg)
+    log.info(f"done: best/ early-stopping metric {best:.6g}")
+    return out
+
+
+def load_checkpoint_like(model: FlashCartPotential) -> FlashCartPotential:
+    """A second model with the same architecture, device and dtype (holds EMA weights)."""
+    twin = FlashCartPotential(model.elements, **{k: model.options[k] for k in MODEL_KEYS})
+    p = next(model.parameters())
+    return twin.to(device=p.device, dtype=p.dtype)
+
+
+def _save_state(model, opts, ema, epoch, best, base_lrs, out: Path, cfg) -> None:
+    """Save log/: the weights as a checkpoint, and the resume point as one atomic file."""
+    save_checkpoint(model, out / "log", config=cfg)
+    state = {"epoch": epoch, "model": {k: v.detach().cpu() for k, v in model.state_dict().items()}, "best": best, "optimizers": [o.state_dict() for o in opts], "ema": ema.state_dict(),
+             "rng": torch.get_rng_state(), "base_lrs": base_lrs}
+    atomic_write(out / "log" / "training_state.pt", lambda h: torch.save(state, h), binary=True)
