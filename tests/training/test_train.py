@@ -1,0 +1,120 @@
+"""Training: parameters move, resume == uninterrupted, interrupted saves are harmless, CLI errors."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from flashcart.cli.main import plot_main, train_main
+from flashcart.cli.main import test_main as evaluate_main
+from flashcart.config import load_config
+from flashcart.model.checkpoint import load_checkpoint, save_checkpoint
+from flashcart.testing import TINY_MODEL
+from flashcart.training import trainer as trainer_mod
+from flashcart.training.trainer import train
+
+ROOT = Path(__file__).resolve().parents[2]
+ETHANOL = ROOT / "examples" / "ethanol"
+
+
+@pytest.fixture
+def data(tmp_path):
+    lines = (ETHANOL / "train.extxyz").read_text().splitlines(True)
+    (tmp_path / "train.xyz").write_text("".join(lines[: 11 * 8]))
+    (tmp_path / "valid.xyz").write_text("".join(lines[11 * 8 : 11 * 12]))
+    return tmp_path
+
+
+def config(data, out, **extra):
+    opts = {**TINY_MODEL, "r_max": 4.0}
+    items = [f"{k}={v}" for k, v in opts.items()] + [
+        f"train_path={data / 'train.xyz'}", f"valid_path={data / 'valid.xyz'}", f"test_path={data / 'valid.xyz'}",
+        f"output_path={out}", "device=cpu", "train_batch_size=3", "eval_batch_size=4", "dynamic_batching=false",
+        "max_epochs=4", "warmup_epochs=1", "decay_epochs=1", "save_every=2", "use_triton=false",
+    ] + [f"{k}={v}" for k, v in extra.items()]
+    return load_config(overrides=items)
+
+
+def test_training_steps_change_parameters_and_write_outputs(data):
+    out = data / "run"
+    cfg = config(data, out, max_epochs=1)
+    init = trainer_mod.FlashCartPotential.from_config({**cfg, "elements": ["H", "C", "O"]})
+    train(cfg, progress=False)
+    trained = load_checkpoint(out / "log")
+    changed = [k for k, v in init.state_dict().items() if v.is_floating_point() and not torch.equal(v, trained.state_dict()[k])]
+    assert any("interactions" in k for k in changed) and any("readout" in k for k in changed)
+    for name in ("config.yaml", "train.log", "metrics.csv", "best/model.pt", "log/model.pt", "log/training_state.pt"):
+        assert (out / name).exists(), name
+
+
+def _weights(path):
+    return torch.load(path / "log" / "training_state.pt", weights_only=False)["model"]
+
+
+def test_resume_after_a_kill_mid_epoch_equals_uninterrupted_run(data, monkeypatch):
+    train(config(data, data / "straight"), progress=False)
+    calls = {"n": 0}
+    original = trainer_mod.loss_value
+
+    def dying_loss(*args, **kw):
+        calls["n"] += 1
+        if calls["n"] == 3 * 3 + 2:  # epoch 4, batch 2 (3 batches per epoch)
+            raise KeyboardInterrupt
+        return original(*args, **kw)
+
+    monkeypatch.setattr(trainer_mod, "loss_value", dying_loss)
+    with pytest.raises(KeyboardInterrupt):
+        train(config(data, data / "resumed"), progress=False)
+    monkeypatch.setattr(trainer_mod, "loss_value", original)
+    train(config(data, data / "resumed"), progress=False)
+    a, b = _weights(data / "straight"), _weights(data / "resumed")
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    rows = (data / "resumed" / "metrics.csv").read_text().splitlines()
+    assert [r.split(",")[0] for r in rows[1:]] == ["1", "2", "3", "4"]
+
+
+def test_crash_during_checkpoint_save_keeps_previous_checkpoint(data, monkeypatch):
+    model = trainer_mod.FlashCartPotential(["H", "C", "O"], **TINY_MODEL)
+    save_checkpoint(model, data / "ckpt")
+    before = load_checkpoint(data / "ckpt").state_dict()
+
+    def broken_save(obj, handle):
+        handle.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with torch.no_grad():
+        model.readout.layers[0].weight.add_(1.0)
+    with pytest.raises(OSError):
+        save_checkpoint(model, data / "ckpt")
+    monkeypatch.undo()
+    after = load_checkpoint(data / "ckpt").state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert not list((data / "ckpt").glob("*.tmp"))
+
+
+def test_cli_train_test_plot(data, capsys):
+    out = data / "cli"
+    overrides = [f"{k}={v}" for k, v in {**TINY_MODEL, "r_max": 4.0}.items()] + [
+        f"train_path={data / 'train.xyz'}", f"valid_path={data / 'valid.xyz'}", f"test_path={data / 'valid.xyz'}",
+        f"output_path={out}", "device=cpu", "max_epochs=1", "train_batch_size=4", "use_triton=false"]
+    cfg_file = data / "cfg.yaml"
+    cfg_file.write_text("dynamic_batching: false\n")
+    assert train_main([str(cfg_file), *overrides, "--no-progress"]) == 0
+    assert evaluate_main([str(cfg_file), *overrides, "--no-progress"]) == 0
+    assert (out / "test.log").exists() and (out / "parity_test.png").exists() and (out / "parity_valid.png").exists()
+    assert "forces_mae" in (out / "test.log").read_text()
+    assert plot_main([str(out)]) == 0
+    assert (out / "learning_curves.png").exists()
+
+
+def test_cli_reports_config_errors_without_traceback(data, capsys):
+    cfg_file = data / "cfg.yaml"
+    cfg_file.write_text("max_epoch: 3\n")
+    assert train_main([str(cfg_file)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown key 'max_epoch'; did you mean 'max_epochs'" in err and "Traceback" not in err
+    cfg_file.write_text("max_epochs: 3\n")
+    assert train_main([str(cfg_file)]) == 2
+    assert "flashcart-train needs 'train_path'" in capsys.readouterr().err
