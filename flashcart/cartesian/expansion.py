@@ -28,6 +28,8 @@ class DirectionExpansion(torch.nn.Module):
         self.normalize = normalize
         self.eps = eps
         self.backend = check_backend(backend)
+        if backend != "triton":
+            torch_ops()  # generate (or load) sources now, not inside a traced forward
 
     def extra_repr(self) -> str:
         return f"l_max={self.l_max}, normalize={self.normalize}, backend={self.backend!r}"

@@ -77,6 +77,8 @@ class TensorProduct(torch.nn.Module):
         self.in2_width = layout_width(in2_l_max, in2_features)
         out_paths = [1] * (out_l_max + 1) if reduce_paths else self.n_paths_per_rank
         self.out_width = layout_width(out_l_max, self.out_features, out_paths)
+        if backend != "triton":
+            torch_ops()  # generate (or load) sources now, not inside a traced forward
 
     def extra_repr(self) -> str:
         return (

@@ -167,27 +167,9 @@ class FlashCartPotential(torch.nn.Module):
     def predict(self, batch, forces: bool = True, stress: bool = False, create_graph: bool = False) -> dict[str, torch.Tensor]:
         """Energy ``[G]``, forces ``[N, 3]`` (``-dE/dx``) and stress ``[G, 3, 3]`` (``dE/d(strain) / V``).
 
-        ``batch`` is a :class:`flashcart.data.Batch`. With ``create_graph`` the results stay
-        differentiable (training on forces).
+        Eager and unpadded; the same evaluation as :class:`~flashcart.model.Predictor`. With
+        ``create_graph`` the results stay differentiable (training on forces).
         """
-        leaf = batch.positions
-        if forces or stress:
-            leaf = leaf.detach().requires_grad_(True)
-        positions, cell, strain = leaf, batch.cell, None
-        if stress:
-            strain = torch.zeros(batch.n_graphs, 3, 3, dtype=leaf.dtype, device=leaf.device, requires_grad=True)
-            sym = 0.5 * (strain + strain.transpose(1, 2))
-            positions = leaf + torch.einsum("ni,nij->nj", leaf, sym[batch.batch])
-            cell = cell + torch.bmm(cell, sym)
-        energy = self(positions, batch.types, cell, batch.shifts, batch.receivers, batch.senders,
-                      batch.batch, batch.edge_batch, batch.n_graphs)
-        out = {"energy": energy}
-        if forces or stress:
-            wrt = [leaf] if strain is None else [leaf, strain]
-            grads = torch.autograd.grad(energy.sum(), wrt, create_graph=create_graph)
-            if forces:
-                out["forces"] = -grads[0]
-            if stress:
-                volume = torch.abs(torch.det(batch.cell)).clamp_min(1e-12)
-                out["stress"] = grads[1] / volume[:, None, None]
-        return out
+        from .predictor import Predictor
+
+        return Predictor(self)(batch, forces=forces, stress=stress, create_graph=create_graph)

@@ -10,6 +10,7 @@ import torch
 from ..config import require
 from ..data import BatchLoader, read_structures
 from ..model.checkpoint import load_checkpoint
+from ..model.predictor import Predictor
 from .losses import Metrics, required_properties
 from .trainer import resolve_device, resolve_dtype, setup_logger
 
@@ -46,6 +47,7 @@ def evaluate(cfg: dict[str, Any], progress: bool = True) -> dict[str, dict[str, 
     log = setup_logger(out / "test.log")
     device, dtype = resolve_device(cfg["device"]), resolve_dtype(cfg["precision"])
     model = load_checkpoint(ckpt).to(device=device, dtype=dtype)
+    predictor = Predictor.from_config(model, cfg)
     splits = {name: cfg[key] for name, key in (("valid", "valid_path"), ("test", "test_path")) if cfg[key]}
     if not splits:
         raise ValueError("flashcart-test needs valid_path or test_path in the configuration")
@@ -58,7 +60,7 @@ def evaluate(cfg: dict[str, Any], progress: bool = True) -> dict[str, dict[str, 
         ref_e, pred_e, ref_f, pred_f = [], [], [], []
         for batch in loader:
             b = batch.to(device, dtype)
-            pred = model.predict(b, forces=True, stress="stress" in props)
+            pred = predictor(b, forces=True, stress="stress" in props)
             metrics.update(pred, b)
             n = b.n_atoms.to(dtype)
             ref_e.append((b.energy / n).cpu())

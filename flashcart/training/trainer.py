@@ -25,6 +25,7 @@ from ..config import ConfigError, dump_config, require
 from ..data import BatchLoader, read_structures
 from ..model.checkpoint import save_checkpoint
 from ..model.potential import MODEL_KEYS, FlashCartPotential
+from ..model.predictor import Predictor
 from ..model.prefit import prefit
 from ..utils.io import atomic_write, atomic_write_text
 from .losses import Metrics, loss_value, required_properties
@@ -77,10 +78,10 @@ def _read(cfg: dict[str, Any], key: str, progress: bool):
     return read_structures(cfg[key], cfg["r_max"], cfg["energy_key"], cfg["forces_key"], cfg["stress_key"], progress)
 
 
-def _evaluate(model, loader, metrics: Metrics, props: set[str], device, dtype) -> dict[str, float]:
+def _evaluate(predictor: Predictor, loader, metrics: Metrics, props: set[str], device, dtype) -> dict[str, float]:
     for batch in loader:
         b = batch.to(device, dtype)
-        pred = model.predict(b, forces="forces" in props, stress="stress" in props)
+        pred = predictor(b, forces="forces" in props, stress="stress" in props)
         metrics.update(pred, b)
     return metrics.compute()
 
@@ -148,6 +149,7 @@ def train(cfg: dict[str, Any], progress: bool = True) -> Path:
     opts = build_optimizers(model, cfg)
     ema = EMA(model, cfg["ema_decay"])
     eval_model = load_checkpoint_like(model)
+    predictor, eval_predictor = Predictor.from_config(model, cfg), Predictor.from_config(eval_model, cfg)
     train_props = required_properties(cfg["train_loss"])
     eval_props = required_properties(cfg["early_stopping_loss"], *cfg["valid_losses"].values())
     loader = BatchLoader(train_set, cfg["train_batch_size"], model.z_to_type.cpu(), cfg["dynamic_batching"],
@@ -177,7 +179,7 @@ def train(cfg: dict[str, Any], progress: bool = True) -> Path:
         bar = tqdm(loader, desc=f"epoch {epoch + 1}/{cfg['max_epochs']}", disable=not progress, leave=False)
         for k, batch in enumerate(bar):
             b = batch.to(device, dtype)
-            pred = model.predict(b, forces="forces" in train_props, stress="stress" in train_props, create_graph=True)
+            pred = predictor(b, forces="forces" in train_props, stress="stress" in train_props, create_graph=True)
             loss = loss_value(cfg["train_loss"], pred, b)
             if not torch.isfinite(loss):
                 raise TrainingError(
@@ -196,12 +198,12 @@ def train(cfg: dict[str, Any], progress: bool = True) -> Path:
             count += 1
             bar.set_postfix(loss=f"{total / count:.4g}")
         row: dict[str, Any] = {"epoch": epoch + 1, "time": round(time.perf_counter() - t0, 3),
-                               "lr": base_lrs[0][0] * factor, "train_loss": total / max(count, 1)}
+                               "lr": cfg["lr"] * factor, "train_loss": total / max(count, 1)}
         last = epoch + 1 == cfg["max_epochs"]
         if valid_loader is not None and ((epoch + 1) % cfg["validate_every"] == 0 or last):
             eval_model.load_state_dict(ema.state_dict())
             losses = {**cfg["valid_losses"], "early_stopping": cfg["early_stopping_loss"]}
-            values = _evaluate(eval_model, valid_loader, Metrics(losses), eval_props, device, dtype)
+            values = _evaluate(eval_predictor, valid_loader, Metrics(losses), eval_props, device, dtype)
             row.update({f"valid_{k}": v for k, v in values.items()})
             if values["early_stopping"] < best:
                 best = values["early_stopping"]

@@ -1,0 +1,208 @@
+"""The one inference path: padded, optionally ``torch.compile``d energy/force/stress evaluation.
+
+Everything that evaluates a model goes through :class:`Predictor` (training and testing
+with ``predict_compile``, the profiler, the ASE calculator, later the OpenMM providers and
+exported files), so the time the profiler reports is the time a simulation pays per call.
+
+Padding: batches are padded to capacities for atoms, edges and graphs that only grow and
+are rounded up to ``pad_*_multiple``. Padding atoms live in an extra graph, spaced twice
+the cutoff apart on a line, and padding edges join neighbouring padding atoms, so every
+padding edge is longer than the cutoff: its envelope and radial weights are exactly zero
+and it contributes nothing. Results are sliced back to the real atoms and graphs. Batches
+that fit the capacities reuse the compiled graph; a larger batch grows the capacities and
+compiles once more.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from ..data.batch import Batch
+
+__all__ = ["Predictor", "energy_forces_stress", "Capacities"]
+
+
+def energy_forces_stress(
+    model: torch.nn.Module,
+    positions: torch.Tensor,
+    strain: torch.Tensor | None,
+    types: torch.Tensor,
+    cell: torch.Tensor,
+    shifts: torch.Tensor,
+    receivers: torch.Tensor,
+    senders: torch.Tensor,
+    batch: torch.Tensor,
+    edge_batch: torch.Tensor,
+    n_graphs: int,
+    forces: bool,
+    create_graph: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Energies ``[G]`` eV, forces ``[N, 3]`` eV/Å (``-dE/dx``), stress ``[G, 3, 3]`` eV/Å^3.
+
+    ``positions`` (and ``strain`` ``[G, 3, 3]`` of zeros, when stress is wanted) must be
+    leaves that require grad when derivatives are requested. Stress is ``dE/d(strain) / V``
+    for a symmetric strain applied to positions and cell.
+    """
+    pos, c = positions, cell
+    if strain is not None:
+        sym = 0.5 * (strain + strain.transpose(1, 2))
+        pos = positions + torch.einsum("ni,nij->nj", positions, sym[batch])
+        c = cell + torch.bmm(cell, sym)
+    energy = model(pos, types, c, shifts, receivers, senders, batch, edge_batch, n_graphs)
+    if not forces and strain is None:
+        return energy, None, None
+    wrt = [positions] + ([strain] if strain is not None else [])
+    grads = torch.autograd.grad(energy.sum(), wrt, create_graph=create_graph)
+    if not create_graph:
+        energy = energy.detach()  # its graph was consumed by autograd.grad
+    f = -grads[0] if forces else None
+    s = None
+    if strain is not None:
+        s = grads[1] / torch.abs(torch.linalg.det(cell)).clamp_min(1e-12)[:, None, None]
+    return energy, f, s
+
+
+@dataclass
+class Capacities:
+    atoms: int = 0
+    edges: int = 0
+    graphs: int = 0
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return max(multiple, int(math.ceil(n / multiple)) * multiple)
+
+
+class Predictor:
+    """Evaluate a model on :class:`~flashcart.data.Batch` objects.
+
+    Args:
+        model: a :class:`~flashcart.model.FlashCartPotential`.
+        compile: wrap the evaluation in ``torch.compile``.
+        compile_mode: ``default``, ``reduce-overhead``, ``max-autotune`` or ``max-autotune-no-cudagraphs``.
+        compile_fullgraph, compile_dynamic: passed to ``torch.compile``.
+        pad: pad to growing capacities (default: same as ``compile``).
+        pad_atom_multiple, pad_edge_multiple, pad_graph_multiple: capacity rounding.
+        compile_backend: ``torch.compile`` backend (tests count compilations with their own).
+    """
+
+    def __init__(self, model: torch.nn.Module, compile: bool = False, compile_mode: str = "default",
+                 compile_fullgraph: bool = True, compile_dynamic: bool = False, pad: bool | None = None,
+                 pad_atom_multiple: int = 128, pad_edge_multiple: int = 128, pad_graph_multiple: int = 8,
+                 compile_backend: str | Callable = "inductor"):
+        self.model = model
+        self.compile, self.compile_mode = compile, compile_mode
+        self.compile_fullgraph, self.compile_dynamic = compile_fullgraph, compile_dynamic
+        self.compile_backend = compile_backend
+        self.pad = compile if pad is None else pad
+        self.multiples = (pad_atom_multiple, pad_edge_multiple, pad_graph_multiple)
+        self.capacities = Capacities()
+        self._compiled: dict[tuple, Callable] = {}
+
+    @classmethod
+    def from_config(cls, model: torch.nn.Module, cfg: dict[str, Any], compile: bool | None = None,
+                    compile_mode: str | None = None, compile_fullgraph: bool | None = None) -> "Predictor":
+        """Options from the ``predict_*`` keys (``compile`` etc. override them, e.g. for the profiler)."""
+        return cls(
+            model,
+            compile=cfg["predict_compile"] if compile is None else compile,
+            compile_mode=compile_mode or cfg["predict_compile_mode"],
+            compile_fullgraph=cfg["predict_compile_fullgraph"] if compile_fullgraph is None else compile_fullgraph,
+            compile_dynamic=cfg["predict_compile_dynamic"],
+            pad=cfg["predict_compile"] if compile is None else compile,
+            pad_atom_multiple=cfg["predict_pad_atom_multiple"],
+            pad_edge_multiple=cfg["predict_pad_edge_multiple"],
+            pad_graph_multiple=cfg["predict_pad_graph_multiple"],
+        )
+
+    # ------------------------------------------------------------------ padding
+
+    def _grow(self, n_atoms: int, n_edges: int, n_graphs: int) -> None:
+        ma, me, mg = self.multiples
+        cap = self.capacities
+        # one spare graph for the padding atoms; two padding atoms so padding edges have length
+        if n_atoms + 2 > cap.atoms:
+            cap.atoms = _round_up(n_atoms + 2, ma)
+        if n_edges > cap.edges:
+            cap.edges = _round_up(n_edges, me)
+        if n_graphs + 1 > cap.graphs:
+            cap.graphs = _round_up(n_graphs + 1, mg)
+
+    def padded(self, b: Batch) -> Batch:
+        """``b`` padded to the current capacities (grown first if it does not fit)."""
+        n, e, g = b.positions.shape[0], b.receivers.shape[0], b.n_graphs
+        self._grow(n, e, g)
+        cap = self.capacities
+        pa, pe, pg = cap.atoms - n, cap.edges - e, cap.graphs - g
+        dev, dt = b.positions.device, b.positions.dtype
+        pad_graph = cap.graphs - 1
+        spacing = 2.0 * float(self.model.r_max)
+        pad_pos = torch.zeros(pa, 3, dtype=dt, device=dev)
+        pad_pos[:, 0] = torch.arange(pa, dtype=dt, device=dev) * spacing
+        k = torch.arange(pe, device=dev)
+        pad_recv = n + (k * pa) // max(pe, 1)
+        pad_send = n + ((pad_recv - n + 1) % pa)
+        long = dict(dtype=torch.long, device=dev)
+        return Batch(
+            positions=torch.cat([b.positions, pad_pos]),
+            numbers=torch.cat([b.numbers, torch.zeros(pa, **long)]),
+            types=torch.cat([b.types, torch.zeros(pa, **long)]),
+            cell=torch.cat([b.cell, torch.zeros(pg, 3, 3, dtype=dt, device=dev)]),
+            receivers=torch.cat([b.receivers, pad_recv]),
+            senders=torch.cat([b.senders, pad_send]),
+            shifts=torch.cat([b.shifts, torch.zeros(pe, 3, dtype=b.shifts.dtype, device=dev)]),
+            batch=torch.cat([b.batch, torch.full((pa,), pad_graph, **long)]),
+            edge_batch=torch.cat([b.edge_batch, torch.full((pe,), pad_graph, **long)]),
+            n_atoms=torch.cat([b.n_atoms, torch.zeros(pg, dtype=b.n_atoms.dtype, device=b.n_atoms.device)]),
+            energy=b.energy, forces=b.forces, stress=b.stress, n_graphs=cap.graphs,
+        )
+
+    # ------------------------------------------------------------------ evaluation
+
+    def _function(self, forces: bool, stress: bool, create_graph: bool) -> Callable:
+        key = (forces, stress, create_graph)
+        if key not in self._compiled:
+            model = self.model
+
+            def run(positions, strain, types, cell, shifts, receivers, senders, batch, edge_batch, n_graphs):
+                return energy_forces_stress(model, positions, strain, types, cell, shifts, receivers, senders, batch,
+                                            edge_batch, n_graphs, forces, create_graph)
+
+            if self.compile:
+                import torch._dynamo.config as dynamo_config
+
+                dynamo_config.trace_autograd_ops = True  # autograd.grad (forces) inside the graph
+                options = None
+                if self.compile_backend == "inductor" and not torch.cuda.is_available():
+                    options = {"cpp.simdlen": 1}  # works around an inductor CPU vectoriser assertion
+                mode = None if options else (None if self.compile_mode == "default" else self.compile_mode)
+                run = torch.compile(run, fullgraph=self.compile_fullgraph, dynamic=self.compile_dynamic,
+                                    backend=self.compile_backend, mode=mode, options=options)
+            self._compiled[key] = run
+        return self._compiled[key]
+
+    def __call__(self, batch: Batch, forces: bool = True, stress: bool = False, create_graph: bool = False) -> dict[str, torch.Tensor]:
+        """``{"energy": [G], "forces": [N, 3], "stress": [G, 3, 3]}`` for the real atoms and graphs."""
+        n, g = batch.positions.shape[0], batch.n_graphs
+        b = self.padded(batch) if self.pad else batch
+        need_grad = forces or stress
+        positions = b.positions.detach().requires_grad_(need_grad)
+        strain = None
+        if stress:
+            strain = torch.zeros(b.n_graphs, 3, 3, dtype=positions.dtype, device=positions.device, requires_grad=True)
+        fn = self._function(forces, stress, create_graph)
+        with torch.enable_grad() if need_grad else torch.no_grad():
+            energy, f, s = fn(positions, strain, b.types, b.cell, b.shifts, b.receivers, b.senders, b.batch,
+                              b.edge_batch, b.n_graphs)
+        out = {"energy": energy[:g]}
+        if forces:
+            out["forces"] = f[:n]
+        if stress:
+            out["stress"] = s[:g]
+        if not create_graph:
+            out = {k: v.detach() for k, v in out.items()}
+        return out

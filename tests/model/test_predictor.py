@@ -1,0 +1,97 @@
+"""The inference engine: padding and compilation change nothing but speed."""
+
+import pytest
+import torch
+
+from flashcart.model.potential import FlashCartPotential
+from flashcart.model.predictor import Predictor
+from flashcart.testing import TINY_MODEL, assert_close
+
+from .conftest import as_batch, crystal, molecule
+
+SMALL = {**TINY_MODEL, "n_interactions": 1, "correlation": 2, "l_max_hidden_feats": 1, "l_max_edge_attrs": 1}
+
+
+def _all(pred_fn, batch):
+    return pred_fn(batch, forces=True, stress=True)
+
+
+def test_padding_does_not_change_energy_forces_stress(model, make_batch):
+    batch = make_batch(model, [molecule(0), crystal()])
+    eager = Predictor(model, pad=False)(batch, stress=True)
+    padder = Predictor(model, pad=True, pad_atom_multiple=16, pad_edge_multiple=60, pad_graph_multiple=4)
+    padded = padder(batch, stress=True)
+    assert padder.capacities.atoms > batch.positions.shape[0] and padder.capacities.edges >= batch.receivers.shape[0]
+    assert padder.padded(batch).receivers.shape[0] == padder.capacities.edges
+    for k in eager:
+        assert_close(padded[k], eager[k], 1e-12, k)
+
+
+def test_padding_does_not_change_parameter_gradients(model, make_batch):
+    batch = make_batch(model, [molecule(1), crystal()])
+    grads = []
+    for pad in (False, True):
+        model.zero_grad()
+        out = Predictor(model, pad=pad, pad_atom_multiple=32, pad_edge_multiple=32)(batch, create_graph=True)
+        ((out["forces"] ** 2).sum() + out["energy"].sum()).backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    for a, b in zip(*grads):
+        assert_close(a, b, 1e-11, "parameter gradient")
+
+
+def test_capacities_only_grow():
+    model = FlashCartPotential(["H", "C", "O", "Cu"], use_triton=False, **SMALL).double()
+    p = Predictor(model, pad=True, pad_atom_multiple=8, pad_edge_multiple=32, pad_graph_multiple=2)
+    big = as_batch(model, [molecule(0), molecule(1), molecule(2)])
+    small = as_batch(model, [molecule(3)])
+    p(big)
+    caps = (p.capacities.atoms, p.capacities.edges, p.capacities.graphs)
+    p(small)
+    assert (p.capacities.atoms, p.capacities.edges, p.capacities.graphs) == caps
+
+
+class CountingBackend:
+    def __init__(self):
+        self.count = 0
+
+    def __call__(self, gm, example_inputs):
+        from torch._dynamo.backends.registry import lookup_backend
+
+        self.count += 1
+        return lookup_backend("aot_eager")(gm, example_inputs)
+
+
+def test_compiled_recompiles_only_when_capacities_grow():
+    torch._dynamo.reset()
+    model = FlashCartPotential(["H", "C", "O", "Cu"], use_triton=False, **SMALL).double()
+    backend = CountingBackend()
+    p = Predictor(model, compile=True, compile_backend=backend, pad_atom_multiple=16, pad_edge_multiple=60, pad_graph_multiple=4)
+    p(as_batch(model, [molecule(0), molecule(1)]))
+    first = backend.count
+    assert first >= 1
+    p(as_batch(model, [molecule(2)]))  # fits: no recompilation
+    p(as_batch(model, [molecule(3), molecule(4)]))
+    assert backend.count == first
+    p(as_batch(model, [molecule(k) for k in range(6)]))  # grows the capacities: compiles again, once
+    grown = backend.count
+    assert grown > first
+    p(as_batch(model, [molecule(k) for k in range(5)]))
+    assert backend.count == grown
+
+
+@pytest.mark.slow
+def test_compiled_equals_eager_with_inductor_including_training_gradients():
+    torch._dynamo.reset()
+    model = FlashCartPotential(["H", "C", "O", "Cu"], use_triton=False, **SMALL).double()
+    batch = as_batch(model, [molecule(0), crystal()])
+    results = []
+    for compile in (False, True):
+        model.zero_grad()
+        out = Predictor(model, compile=compile, pad=True, pad_atom_multiple=16, pad_edge_multiple=64)(batch, stress=True, create_graph=True)
+        ((out["forces"] ** 2).sum() + out["energy"].sum()).backward()
+        results.append((out, [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+    (eo, eg), (co, cg) = results
+    for k in eo:
+        assert_close(co[k].detach(), eo[k].detach(), 1e-10, k)
+    for a, b in zip(eg, cg):
+        assert_close(b, a, 1e-10, "parameter gradient")
