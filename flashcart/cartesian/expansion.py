@@ -43,7 +43,8 @@ class DirectionExpansion(torch.nn.Module):
             from ._triton.ops import direction_expansion
 
             return direction_expansion(vectors, self.l_max)
-        return expansion_torch(vectors, self.l_max)
+        with torch.profiler.record_function("flashcart::direction_expansion[torch]"):
+            return expansion_torch(vectors, self.l_max)
 
 
 def expansion_torch(u: torch.Tensor, l_max: int) -> torch.Tensor:

@@ -71,6 +71,10 @@ class EquivariantLinear(torch.nn.Module):
             from ._triton.ops import equivariant_linear
 
             return equivariant_linear(self, x)
+        with torch.profiler.record_function("flashcart::equivariant_linear[torch]"):
+            return self._forward_torch(x)
+
+    def _forward_torch(self, x: torch.Tensor) -> torch.Tensor:
         blocks = split_ranks(x, self.in_l_max, self.in_features, self.in_paths)
         out = []
         for l in range(self.out_l_max + 1):

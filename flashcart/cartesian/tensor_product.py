@@ -122,6 +122,10 @@ class TensorProduct(torch.nn.Module):
             from ._triton.ops import tensor_product
 
             return tensor_product(self, x1, x2, weights, receivers, senders, csr)
+        with torch.profiler.record_function("flashcart::tensor_product[torch]"):
+            return self._forward_torch(x1, x2, weights, receivers, senders, conv)
+
+    def _forward_torch(self, x1, x2, weights, receivers, senders, conv: bool) -> torch.Tensor:
         a_blocks = split_ranks(x1, self.in1_l_max, self.in1_features)
         if conv:
             a_blocks = [a.index_select(0, senders) for a in a_blocks]

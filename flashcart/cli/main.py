@@ -13,7 +13,7 @@ def _parse(prog: str, description: str, argv):
     parser.add_argument("config", help="YAML configuration file")
     parser.add_argument("overrides", nargs="*", help="KEY=VALUE overrides (e.g. max_epochs=5 device=cpu)")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)
 
 
 def _run(fn, argv, prog, description) -> int:
@@ -51,3 +51,9 @@ def plot_main(argv=None) -> int:
         print(f"flashcart-plot: error: {err}", file=sys.stderr)
         return 2
     return 0
+
+
+def profile_main(argv=None) -> int:
+    from ..profiling import profile
+
+    return _run(profile, argv, "flashcart-profile", "Time inference and training of a freshly initialised model.")

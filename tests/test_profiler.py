@@ -1,0 +1,88 @@
+"""flashcart-profile on the CPU: phases, options and the published output lines."""
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from flashcart.cli.main import profile_main
+from flashcart.testing import TINY_MODEL
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("profile")
+    lines = (ROOT / "examples" / "ethanol" / "train.extxyz").read_text().splitlines(True)
+    (tmp / "data.xyz").write_text("".join(lines[: 11 * 6]))
+    return tmp
+
+
+def run(data, capsys, *extra):
+    model = [f"{k}={v}" for k, v in TINY_MODEL.items()]
+    cfg = data / "profile.yaml"
+    cfg.write_text(f"train_path: {data / 'data.xyz'}\ndevice: cpu\n")
+    code = profile_main([str(cfg), *model, "profile_batch_size=2", "profile_n_batches=2", "profile_row_limit=5",
+                         "--no-progress", *extra])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    return out
+
+
+def parse_timer(out, label):
+    m = re.search(rf"\[timer\] {label}: ([0-9.]+) s total, ([0-9.]+) s/run", out)
+    assert m, out
+    return float(m.group(1)), float(m.group(2))
+
+
+def test_both_phases_print_the_published_lines(data, capsys):
+    out = run(data, capsys, "profile_repeat=2", "profile_warmup=1")
+    assert re.search(r"\[model\] parameters=\d+", out) and "use_triton=" in out and "kernel_l_max=" in out
+    m = re.search(r"\[inference\] data=(\S+) batches=(\d+), structures=(\d+), atoms=(\d+), edges=(\d+)", out)
+    assert m and m.group(2) == "2" and m.group(3) == "4" and m.group(4) == "36"
+    total, per = parse_timer(out, "inference fwd\\+bwd")
+    assert per == pytest.approx(total / 2, rel=1e-3)
+    assert re.search(r"\[training\] data=\S+ batches=2, structures=4, atoms=36, edges=\d+", out)
+    block = out.split("[phase-timer] training:\n")[1].splitlines()[:3]
+    shares = []
+    for line, name in zip(block, ("predict_create_graph", "loss", "backward_dbwd")):
+        m = re.match(rf"  {name} ([0-9.]+) s/run  ([0-9.]+)%", line)
+        assert m, line
+        shares.append(float(m.group(2)))
+    assert sum(shares) == pytest.approx(100, abs=0.5)
+    parse_timer(out, "training fwd\\+bwd\\+dbwd")
+    assert "FlashCart and Triton operations" in out and "flashcart::tensor_product" in out
+    assert "include profiler overhead" in out
+
+
+@pytest.mark.parametrize("phase", ["inference", "training"])
+def test_single_phase(data, capsys, phase):
+    out = run(data, capsys, f"profile_phase={phase}")
+    assert (f"[{phase}]" in out) and (("[training]" in out) == (phase == "training"))
+
+
+def test_options_dynamic_batching_traces_and_recording(data, capsys, tmp_path):
+    out = run(data, capsys, "profile_dynamic_batching=true", "profile_pre_fit=false", f"profile_trace_dir={tmp_path}",
+              "profile_record_shapes=true", "profile_with_stack=true", "profile_memory=true", "profile_train_batch_size=3")
+    for phase in ("inference", "training"):
+        path = tmp_path / f"{phase}.json"
+        assert f"[trace] wrote {path}" in out and path.stat().st_size > 0
+    assert re.search(r"\[training\] data=\S+ batches=2, structures=6", out)
+
+
+def test_missing_data_is_a_clear_error(data, capsys):
+    cfg = data / "empty.yaml"
+    cfg.write_text("device: cpu\n")
+    assert profile_main([str(cfg)]) == 2
+    assert "needs 'profile_data_path' or 'train_path'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_compiled_prediction(data, capsys):
+    torch._dynamo.reset()
+    out = run(data, capsys, "profile_compile_predict=true", "profile_phase=inference", "n_interactions=1",
+              "correlation=2", "l_max_hidden_feats=1", "l_max_edge_attrs=1")
+    assert "compile=True" in out
+    parse_timer(out, "inference fwd\\+bwd")
