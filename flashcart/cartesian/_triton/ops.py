@@ -394,21 +394,36 @@ def _plain(off, stride_i, stride_j):
     return [off, _BIG, 0, stride_i, _BIG, 0, stride_j]
 
 
-def _launch_grouped(a, b, c, groups, scales, split: int = 1):
-    """Run the grouped matmul; ``groups`` holds (M, N, K, A, B, C) per group."""
+_TABLES: dict[tuple, tuple[Tensor, Tensor, int]] = {}
+
+
+def _launch_grouped(a, b, c, groups, scales, split: int = 1, cache_key: tuple | None = None):
+    """Run the grouped matmul; ``groups`` holds (M, N, K, A, B, C) per group.
+
+    The int64 table and scales are built once per ``cache_key`` (shapes, device, dtype) and
+    kept on the device: no host-to-device copy per call, so the launch can be captured in a
+    CUDA graph.
+    """
     if not groups:
         return
     bm, bn, bk = 32, 32, 32
-    rows, start = [], 0
-    for m, n, k, oa, ob, oc in groups:
-        rows.append([m, n, k, start, *oa, *ob, *oc])
-        start += triton.cdiv(m, bm) * triton.cdiv(n, bn)
-    if start == 0:
+    key = (cache_key, a.device, c.dtype) if cache_key is not None else None
+    if key is None or key not in _TABLES:
+        rows, start = [], 0
+        for m, n, k, oa, ob, oc in groups:
+            rows.append([m, n, k, start, *oa, *ob, *oc])
+            start += triton.cdiv(m, bm) * triton.cdiv(n, bn)
+        entry = (torch.tensor(rows, dtype=torch.int64, device=a.device),
+                 torch.tensor(scales, dtype=c.dtype, device=a.device), start)
+        if key is None:
+            table, scale, n_tiles = entry
+        else:
+            _TABLES[key] = entry
+    if key is not None:
+        table, scale, n_tiles = _TABLES[key]
+    if n_tiles == 0:
         return
-    table = torch.tensor(rows, dtype=torch.int64, device=a.device)
-    scale = torch.tensor(scales, dtype=c.dtype, device=a.device)
-    assert table.shape[1] == N_COLS
-    grouped_matmul[(start, split)](
+    grouped_matmul[(n_tiles, split)](
         a, b, c, table, scale, c.shape[-1] if split > 1 else 0,
         N_GROUPS=len(groups), NCOL=N_COLS, BM=bm, BN=bn, BK=bk,
         USE_DOT=c.dtype != torch.float64 or not c.is_cuda, SPLIT=split, num_warps=4,
@@ -431,7 +446,7 @@ def lin_fwd(x: Tensor, w: Tensor, key: str) -> Tensor:
                        _plain(s.w_off[l], 1, s.k[l]),
                        _row_operand(s.out_off[l], d, s.out_width, s.f_out)))
         scales.append(_scale(s, l))
-    _launch_grouped(x, w, y, groups, scales)
+    _launch_grouped(x, w, y, groups, scales, cache_key=("fwd", key, n))
     return y
 
 
@@ -460,7 +475,7 @@ def lin_bwd_x(gy: Tensor, w: Tensor, key: str) -> Tensor:
                        _plain(s.w_off[l], s.k[l], 1),
                        _row_operand(s.in_off[l], d, s.in_width, s.k[l])))
         scales.append(_scale(s, l))
-    _launch_grouped(gy, w, gx, groups, scales)
+    _launch_grouped(gy, w, gx, groups, scales, cache_key=("bwd_x", key, n))
     return gx
 
 
@@ -485,7 +500,7 @@ def lin_bwd_w(gy: Tensor, x: Tensor, key: str) -> Tensor:
         scales.append(_scale(s, l))
     if n == 0:
         return gw.zero_().sum(0)
-    _launch_grouped(gy, x, gw, groups, scales, split=split)
+    _launch_grouped(gy, x, gw, groups, scales, split=split, cache_key=("bwd_w", key, n))
     return gw.sum(0)
 
 
