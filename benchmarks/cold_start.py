@@ -26,7 +26,7 @@ device = sys.argv[1]
 cfg = load_config(overrides=sys.argv[2:])
 atoms = bulk("C", "diamond", a=3.567, cubic=True) * (5, 5, 5)
 model = FlashCartPotential.from_config(cfg, ["C"]).to(device)
-batch = collate([structure_from_atoms(atoms, cfg["r_max"], require_labels=False)], model.z_to_type.cpu()).to(device)
+batch = collate([structure_from_atoms(atoms, cfg["r_max"], require_labels=False)], model.z_to_type.cpu()).to(device, torch.float32)
 predictor = Predictor(model)
 out = predictor(batch)
 if device == "cuda": torch.cuda.synchronize()

@@ -44,8 +44,9 @@ def energy_forces_stress(
     """Energies ``[G]`` eV, forces ``[N, 3]`` eV/Å (``-dE/dx``), stress ``[G, 3, 3]`` eV/Å^3.
 
     ``positions`` (and ``strain`` ``[G, 3, 3]`` of zeros, when stress is wanted) must be
-    leaves that require grad when derivatives are requested. Stress is ``dE/d(strain) / V``
-    for a symmetric strain applied to positions and cell.
+    leaves that require grad when derivatives are requested (``requires_grad_`` cannot be
+    called inside ``torch.compile``). Stress is ``dE/d(strain) / V`` for a symmetric strain
+    applied to positions and cell.
     """
     pos, c = positions, cell
     if strain is not None:
@@ -195,6 +196,9 @@ class Predictor:
         if stress:
             strain = torch.zeros(b.n_graphs, 3, 3, dtype=positions.dtype, device=positions.device, requires_grad=True)
         fn = self._function(forces, stress, create_graph)
+        cudagraphs = self.compile and self.compile_mode in ("reduce-overhead", "max-autotune") and positions.is_cuda
+        if cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()  # outputs of the previous call may be reused
         with torch.enable_grad() if need_grad else torch.no_grad():
             energy, f, s = fn(positions, strain, b.types, b.cell, b.shifts, b.receivers, b.senders, b.batch,
                               b.edge_batch, b.n_graphs)
@@ -205,4 +209,6 @@ class Predictor:
             out["stress"] = s[:g]
         if not create_graph:
             out = {k: v.detach() for k, v in out.items()}
+        if cudagraphs:  # CUDA-graph outputs live in static buffers overwritten by the next replay
+            out = {k: v.clone() for k, v in out.items()}
         return out
