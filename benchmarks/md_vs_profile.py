@@ -27,10 +27,10 @@ from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
 from ase.md.verlet import VelocityVerlet
 
 from flashcart.config import load_config
+from flashcart.data import read_structures
 from flashcart.integrations.ase import FlashCartCalculator
 from flashcart.model.potential import FlashCartPotential
 from flashcart.model.prefit import prefit
-from flashcart.data import read_structures
 from flashcart.profiling import profile
 
 ROOT = Path(__file__).resolve().parents[1]

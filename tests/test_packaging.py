@@ -1,7 +1,8 @@
 """The explicit package list in pyproject.toml covers every package in the tree."""
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -32,7 +32,8 @@ class RMSNorm(torch.nn.Module):
         self.invariants = TensorProduct(l_max, l_max, 0, n_feats, n_feats, symmetric=True, shared_weights=True, backend=backend)
         self.register_buffer("ones", torch.ones(self.invariants.weight_numel), persistent=False)
         self.gains = torch.nn.Parameter(torch.ones(l_max + 1)) if gains else None
-        self.register_buffer("rank_of_column", torch.cat([torch.full(((2 * l + 1) * n_feats,), l) for l in range(l_max + 1)]), persistent=False)
+        ranks = torch.cat([torch.full(((2 * l + 1) * n_feats,), l) for l in range(l_max + 1)])
+        self.register_buffer("rank_of_column", ranks, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         inv = self.invariants(x, x, self.ones.to(x.dtype))  # [n, (l_max+1) * F]

@@ -228,6 +228,7 @@ def load_checkpoint_like(model: FlashCartPotential) -> FlashCartPotential:
 def _save_state(model, opts, ema, epoch, best, base_lrs, out: Path, cfg) -> None:
     """Save log/: the weights as a checkpoint, and the resume point as one atomic file."""
     save_checkpoint(model, out / "log", config=cfg)
-    state = {"epoch": epoch, "model": {k: v.detach().cpu() for k, v in model.state_dict().items()}, "best": best, "optimizers": [o.state_dict() for o in opts], "ema": ema.state_dict(),
+    state = {"epoch": epoch, "model": {k: v.detach().cpu() for k, v in model.state_dict().items()}, "best": best,
+             "optimizers": [o.state_dict() for o in opts], "ema": ema.state_dict(),
              "rng": torch.get_rng_state(), "base_lrs": base_lrs}
     atomic_write(out / "log" / "training_state.pt", lambda h: torch.save(state, h), binary=True)

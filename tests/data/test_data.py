@@ -116,7 +116,7 @@ def test_mixed_periodicity_and_isolated_atoms():
 def test_dynamic_batches_respect_budgets():
     rng = np.random.default_rng(1)
     structures = []
-    for k in range(40):
+    for _ in range(40):
         n = int(rng.integers(2, 12))
         a = Atoms("H" * n, positions=rng.normal(size=(n, 3)) * 2)
         structures.append(structure_from_atoms(a, 3.0, require_labels=False))

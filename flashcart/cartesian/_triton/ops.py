@@ -23,8 +23,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .linear_kernel import N_COLS, grouped_matmul
 from .._layout import edge_csr
+from .linear_kernel import N_COLS, grouped_matmul
 from .source import expansion_module, product_key, product_module, product_spec
 
 __all__ = ["tensor_product", "direction_expansion", "equivariant_linear", "edge_csr"]
