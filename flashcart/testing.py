@@ -79,10 +79,9 @@ def assert_equivariant(
             assert_close(out, expected, tol, what=f"equivariance ({'improper' if improper else 'proper'})")
 
 
-def assert_forces_are_gradients(predict, positions: torch.Tensor, forces: torch.Tensor, energy_fn, h: float = 1e-5,
+def assert_forces_are_gradients(positions: torch.Tensor, forces: torch.Tensor, energy_fn, h: float = 1e-5,
                                 n_checks: int = 6, tol: float = 1e-6) -> None:
     """Central finite differences of ``energy_fn(positions)`` match ``-forces`` on random entries."""
-    del predict
     g = torch.Generator().manual_seed(0)
     for _ in range(n_checks):
         i = int(torch.randint(0, positions.shape[0], (1,), generator=g))

@@ -148,7 +148,7 @@ def train(cfg: dict[str, Any], progress: bool = True) -> Path:
 
     opts = build_optimizers(model, cfg)
     ema = EMA(model, cfg["ema_decay"])
-    eval_model = load_checkpoint_like(model)
+    eval_model = _twin(model)
     predictor, eval_predictor = Predictor.from_config(model, cfg), Predictor.from_config(eval_model, cfg)
     train_props = required_properties(cfg["train_loss"])
     eval_props = required_properties(cfg["early_stopping_loss"], *cfg["valid_losses"].values())
@@ -218,7 +218,7 @@ def train(cfg: dict[str, Any], progress: bool = True) -> Path:
     return out
 
 
-def load_checkpoint_like(model: FlashCartPotential) -> FlashCartPotential:
+def _twin(model: FlashCartPotential) -> FlashCartPotential:
     """A second model with the same architecture, device and dtype (holds EMA weights)."""
     twin = FlashCartPotential(model.elements, **{k: model.options[k] for k in MODEL_KEYS})
     p = next(model.parameters())
