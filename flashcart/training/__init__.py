@@ -1,0 +1,1 @@
+"""Training, evaluation and plots (``flashcart-train``, ``flashcart-test``, ``flashcart-plot``)."""
