@@ -132,7 +132,6 @@ class FlashCartPotential(torch.nn.Module):
         shifts: torch.Tensor,
         receivers: torch.Tensor,
         senders: torch.Tensor,
-        batch: torch.Tensor,
         edge_batch: torch.Tensor,
     ) -> torch.Tensor:
         """Per-atom energies ``[N]`` (eV).
@@ -140,7 +139,7 @@ class FlashCartPotential(torch.nn.Module):
         Args:
             positions: ``[N, 3]`` Å; types: ``[N]``; cell: ``[G, 3, 3]`` Å (rows are lattice vectors);
             shifts: ``[E, 3]`` integer image offsets; receivers/senders: ``[E]`` (grouped by
-            receiver); batch: ``[N]`` graph of each atom; edge_batch: ``[E]`` graph of each edge.
+            receiver); edge_batch: ``[E]`` graph of each edge.
         """
         vec = positions[senders] - positions[receivers] + torch.einsum("ek,ekl->el", shifts, cell[edge_batch])
         d = torch.sqrt((vec * vec).sum(-1) + 1e-30)
@@ -161,7 +160,7 @@ class FlashCartPotential(torch.nn.Module):
 
     def forward(self, positions, types, cell, shifts, receivers, senders, batch, edge_batch, n_graphs: int):
         """Energies per graph ``[G]`` (eV)."""
-        site = self.site_energies(positions, types, cell, shifts, receivers, senders, batch, edge_batch)
+        site = self.site_energies(positions, types, cell, shifts, receivers, senders, edge_batch)
         return torch.zeros(n_graphs, dtype=site.dtype, device=site.device).index_add(0, batch, site)
 
     def predict(self, batch, forces: bool = True, stress: bool = False, create_graph: bool = False) -> dict[str, torch.Tensor]:

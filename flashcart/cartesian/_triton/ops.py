@@ -16,6 +16,7 @@ Ops (namespace ``flashcart``):
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Optional
 
 import torch
@@ -376,13 +377,9 @@ class _LinearSpec:
         self.w_numel = c
 
 
-_LIN_SPECS: dict[str, _LinearSpec] = {}
-
-
+@lru_cache(maxsize=None)
 def _lin_spec(key: str) -> _LinearSpec:
-    if key not in _LIN_SPECS:
-        _LIN_SPECS[key] = _LinearSpec(key)
-    return _LIN_SPECS[key]
+    return _LinearSpec(key)
 
 
 def _row_operand(off, comps, row_stride, comp_stride):
@@ -397,30 +394,27 @@ def _plain(off, stride_i, stride_j):
 _TABLES: dict[tuple, tuple[Tensor, Tensor, int]] = {}
 
 
-def _launch_grouped(a, b, c, groups, scales, split: int = 1, cache_key: tuple | None = None):
+def _launch_grouped(a, b, c, groups, scales, cache_key: tuple, split: int = 1):
     """Run the grouped matmul; ``groups`` holds (M, N, K, A, B, C) per group.
 
-    The int64 table and scales are built once per ``cache_key`` (shapes, device, dtype) and
-    kept on the device: no host-to-device copy per call, so the launch can be captured in a
-    CUDA graph.
+    The int64 table and scales are built once per ``cache_key`` (operation, layer, rows) and
+    device/dtype, and kept on the device: no host-to-device copy per call. They are created
+    lazily, so under ``reduce-overhead`` a first call during CUDA-graph warm-up allocates them
+    in the graph pool, which CUDA-graph trees reject; building them per layer, independent of
+    the row count, is the planned fix (issue note).
     """
     if not groups:
         return
     bm, bn, bk = 32, 32, 32
-    key = (cache_key, a.device, c.dtype) if cache_key is not None else None
-    if key is None or key not in _TABLES:
+    key = (cache_key, a.device, c.dtype)
+    if key not in _TABLES:
         rows, start = [], 0
         for m, n, k, oa, ob, oc in groups:
             rows.append([m, n, k, start, *oa, *ob, *oc])
             start += triton.cdiv(m, bm) * triton.cdiv(n, bn)
-        entry = (torch.tensor(rows, dtype=torch.int64, device=a.device),
-                 torch.tensor(scales, dtype=c.dtype, device=a.device), start)
-        if key is None:
-            table, scale, n_tiles = entry
-        else:
-            _TABLES[key] = entry
-    if key is not None:
-        table, scale, n_tiles = _TABLES[key]
+        _TABLES[key] = (torch.tensor(rows, dtype=torch.int64, device=a.device),
+                        torch.tensor(scales, dtype=c.dtype, device=a.device), start)
+    table, scale, n_tiles = _TABLES[key]
     if n_tiles == 0:
         return
     grouped_matmul[(n_tiles, split)](
@@ -446,7 +440,7 @@ def lin_fwd(x: Tensor, w: Tensor, key: str) -> Tensor:
                        _plain(s.w_off[l], 1, s.k[l]),
                        _row_operand(s.out_off[l], d, s.out_width, s.f_out)))
         scales.append(_scale(s, l))
-    _launch_grouped(x, w, y, groups, scales, cache_key=("fwd", key, n))
+    _launch_grouped(x, w, y, groups, scales, ("fwd", key, n))
     return y
 
 
@@ -475,7 +469,7 @@ def lin_bwd_x(gy: Tensor, w: Tensor, key: str) -> Tensor:
                        _plain(s.w_off[l], s.k[l], 1),
                        _row_operand(s.in_off[l], d, s.in_width, s.k[l])))
         scales.append(_scale(s, l))
-    _launch_grouped(gy, w, gx, groups, scales, cache_key=("bwd_x", key, n))
+    _launch_grouped(gy, w, gx, groups, scales, ("bwd_x", key, n))
     return gx
 
 
@@ -500,7 +494,7 @@ def lin_bwd_w(gy: Tensor, x: Tensor, key: str) -> Tensor:
         scales.append(_scale(s, l))
     if n == 0:
         return gw.zero_().sum(0)
-    _launch_grouped(gy, x, gw, groups, scales, split=split, cache_key=("bwd_w", key, n))
+    _launch_grouped(gy, x, gw, groups, scales, ("bwd_w", key, n), split=split)
     return gw.sum(0)
 
 
