@@ -62,25 +62,36 @@ class FlashCartCalculator(Calculator):
         self.predictor = Predictor(self.model, compile=compile_mode is not None, compile_mode=compile_mode or "default",
                                    pad=pad, pad_atom_multiple=pad_atom_multiple, pad_edge_multiple=pad_edge_multiple,
                                    pad_graph_multiple=1)
-        self._graph = None  # (key, reference positions, Batch on device)
+        self._graph = None  # cached neighbour list: species, pbc, cell, reference positions, Batch
         self.neighbor_list_builds = 0
 
-    def _topology_key(self, atoms) -> tuple:
-        return (tuple(atoms.numbers), tuple(atoms.pbc), tuple(np.round(atoms.cell.array.ravel(), 12)))
+    def _same_topology(self, atoms) -> bool:
+        """Same species, periodicity and cell as the cached neighbour list."""
+        ref = self._graph
+        return (ref is not None and len(atoms) == len(ref["numbers"]) and np.array_equal(atoms.numbers, ref["numbers"])
+                and np.array_equal(atoms.pbc, ref["pbc"]) and np.array_equal(atoms.cell.array, ref["cell"]))
 
     def _batch(self, atoms):
-        key = self._topology_key(atoms)
-        positions = torch.tensor(atoms.get_positions(), dtype=self.dtype, device=self.device)
-        if self._graph is not None and self._graph[0] == key:
-            moved = float((positions - self._graph[1]).norm(dim=1).max()) if len(atoms) else 0.0
+        """The batch for ``atoms``: the cached graph with new positions while nobody moved more
+        than ``skin / 2`` (and species, cell and periodicity are unchanged), else a new
+        neighbour list (computed on the calculator's device)."""
+        positions = torch.as_tensor(atoms.positions, dtype=self.dtype).to(self.device, non_blocking=True)
+        if self._same_topology(atoms):
+            ref = self._graph
+            moved = float((positions - ref["positions"]).norm(dim=1).max()) if len(atoms) else 0.0
             if moved <= 0.5 * self.skin:
-                batch = self._graph[2]
+                batch = ref["batch"]
                 batch.positions = positions
                 return batch
-        structure = structure_from_atoms(atoms, self.model.r_max + self.skin, where="atoms", require_labels=False)
-        batch = collate([structure], self.model.z_to_type.cpu()).to(self.device, self.dtype)
-        self._graph = (key, positions.clone(), batch)
+        structure = structure_from_atoms(atoms, self.model.r_max + self.skin, where="atoms", require_labels=False,
+                                         device=self.device)
+        batch = collate([structure], self.model.z_to_type).to(self.device, self.dtype)
+        self._graph = {"numbers": atoms.numbers.copy(), "pbc": atoms.pbc.copy(), "cell": atoms.cell.array.copy(),
+                       "positions": positions.clone(), "batch": batch}
         self.neighbor_list_builds += 1
+        if self.predictor.pad:
+            # headroom, so that the next neighbour lists fit the compiled capacities
+            self.predictor.reserve(len(atoms), int(1.1 * batch.receivers.shape[0]) + 1, 1)
         return batch
 
     def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):

@@ -9,6 +9,7 @@ import torch
 from ._backend import check_backend, check_rank, resolve_backend
 from ._components import dim
 from ._layout import layout_width, split_ranks
+from ._linear_spec import launch_table, linear_key
 
 __all__ = ["EquivariantLinear"]
 
@@ -25,6 +26,7 @@ class EquivariantLinear(torch.nn.Module):
         backend: ``"torch"``, ``"triton"`` or ``"auto"``.
 
     Parameters ``weights[l]: [F_out, F_in * paths_l]``, initialised N(0, 1).
+    Buffer ``launch_table``: int64 launch table of the Triton kernels (not saved in state dicts).
     ``forward(x: [n, in_width]) -> [n, out_width]``.
     """
 
@@ -57,6 +59,9 @@ class EquivariantLinear(torch.nn.Module):
             [torch.nn.Parameter(torch.randn(out_features, in_features * self.in_paths[l])) for l in range(n_mixed)]
         )
         self.scales = [1.0 / math.sqrt(in_features * p) if p else 0.0 for p in self.in_paths[:n_mixed]]
+        self.key = linear_key(in_l_max, out_l_max, in_features, out_features, self.in_paths)
+        # launch table of the Triton kernels: built here, moved with the layer, never per call
+        self.register_buffer("launch_table", launch_table(self.key), persistent=False)
 
     def extra_repr(self) -> str:
         return (

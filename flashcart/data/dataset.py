@@ -35,8 +35,12 @@ def _stress_matrix(value, where: str) -> np.ndarray:
 
 
 def structure_from_atoms(atoms, r_max: float, energy_key: str | None = None, forces_key: str | None = None,
-                         stress_key: str | None = None, where: str = "", require_labels: bool = True) -> Structure:
-    """One :class:`Structure` with its neighbour list; labels read if keys are given."""
+                         stress_key: str | None = None, where: str = "", require_labels: bool = True,
+                         device: torch.device | str | None = None) -> Structure:
+    """One :class:`Structure` with its neighbour list; labels read if keys are given.
+
+    ``device``: where the neighbour list is computed and the tensors live (default CPU).
+    """
     n = len(atoms)
     if n == 0:
         raise DataError(f"{where}: structure has no atoms")
@@ -65,15 +69,17 @@ def structure_from_atoms(atoms, r_max: float, energy_key: str | None = None, for
         if not np.isfinite(stress).all():
             raise DataError(f"{where}: stress {stress_key!r} contains non-finite values")
     pbc = torch.tensor(np.asarray(atoms.pbc, dtype=bool))
-    cell = torch.tensor(np.asarray(atoms.cell.array, dtype=float))
-    if bool(pbc.any()) and abs(float(torch.det(cell))) < 1e-9:
+    cell_np = np.asarray(atoms.cell.array, dtype=float)
+    if pbc.any() and abs(float(np.linalg.det(cell_np))) < 1e-9:
         raise DataError(f"{where}: periodic structure with a singular cell")
-    pos_t = torch.tensor(positions)
+    cell = torch.tensor(cell_np, device=device)
+    pos_t = torch.tensor(positions, device=device)
     receivers, senders, shifts = neighbor_list(pos_t, r_max, cell, pbc)
     return Structure(
-        positions=pos_t, numbers=torch.tensor(atoms.numbers, dtype=torch.long), cell=cell, pbc=pbc,
-        receivers=receivers, senders=senders, shifts=shifts,
-        energy=torch.tensor(energy), forces=torch.tensor(forces), stress=torch.tensor(stress), source=where,
+        positions=pos_t, numbers=torch.tensor(atoms.numbers, dtype=torch.long, device=device), cell=cell,
+        pbc=pbc.to(device), receivers=receivers, senders=senders, shifts=shifts,
+        energy=torch.tensor(energy, device=device), forces=torch.tensor(forces, device=device),
+        stress=torch.tensor(stress, device=device), source=where,
     )
 
 

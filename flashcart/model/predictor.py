@@ -16,7 +16,7 @@ compiles once more.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
@@ -103,6 +103,7 @@ class Predictor:
         self.multiples = (pad_atom_multiple, pad_edge_multiple, pad_graph_multiple)
         self.capacities = Capacities()
         self._compiled: dict[tuple, Callable] = {}
+        self._pad_cache: tuple | None = None  # (graph tensors, capacities, padded batch)
 
     @classmethod
     def from_config(cls, model: torch.nn.Module, cfg: dict[str, Any], compile: bool | None = None,
@@ -133,10 +134,32 @@ class Predictor:
         if n_graphs + 1 > cap.graphs:
             cap.graphs = _round_up(n_graphs + 1, mg)
 
+    def reserve(self, n_atoms: int, n_edges: int, n_graphs: int) -> None:
+        """Grow the capacities to fit at least this many atoms, edges and graphs (never shrinks)."""
+        self._grow(n_atoms, n_edges, n_graphs)
+
     def padded(self, b: Batch) -> Batch:
-        """``b`` padded to the current capacities (grown first if it does not fit)."""
+        """``b`` padded to the current capacities (grown first if it does not fit).
+
+        A batch whose graph tensors (the very same objects) were padded last time only gets
+        its positions re-padded: a simulation that reuses its neighbour list pays one
+        concatenation per call.
+        """
         n, e, g = b.positions.shape[0], b.receivers.shape[0], b.n_graphs
         self._grow(n, e, g)
+        cap = self.capacities
+        graph = (b.receivers, b.senders, b.shifts, b.types, b.cell, b.batch, b.edge_batch)
+        hit = self._pad_cache
+        if (hit is not None and hit[1] == (cap.atoms, cap.edges, cap.graphs) and len(hit[0]) == len(graph)
+                and all(x is y for x, y in zip(hit[0], graph))):
+            p = hit[2]
+            return replace(p, positions=torch.cat([b.positions, p.positions[n:].to(b.positions.dtype)]),
+                           energy=b.energy, forces=b.forces, stress=b.stress)
+        out = self._pad(b, n, e, g)
+        self._pad_cache = (graph, (cap.atoms, cap.edges, cap.graphs), out)
+        return out
+
+    def _pad(self, b: Batch, n: int, e: int, g: int) -> Batch:
         cap = self.capacities
         pa, pe, pg = cap.atoms - n, cap.edges - e, cap.graphs - g
         dev, dt = b.positions.device, b.positions.dtype
@@ -199,9 +222,18 @@ class Predictor:
         cudagraphs = self.compile and self.compile_mode in ("reduce-overhead", "max-autotune") and positions.is_cuda
         if cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()  # outputs of the previous call may be reused
-        with torch.enable_grad() if need_grad else torch.no_grad():
-            energy, f, s = fn(positions, strain, b.types, b.cell, b.shifts, b.receivers, b.senders, b.batch,
-                              b.edge_batch, b.n_graphs)
+        # Without create_graph nothing differentiates the parameters: freeze them for the call,
+        # so no kernel computes weight gradients (as in a simulation, whose parameters are frozen).
+        frozen = [] if create_graph else [p for p in self.model.parameters() if p.requires_grad]
+        try:
+            for p in frozen:
+                p.requires_grad_(False)
+            with torch.enable_grad() if need_grad else torch.no_grad():
+                energy, f, s = fn(positions, strain, b.types, b.cell, b.shifts, b.receivers, b.senders, b.batch,
+                                  b.edge_batch, b.n_graphs)
+        finally:
+            for p in frozen:
+                p.requires_grad_(True)
         out = {"energy": energy[:g]}
         if forces:
             out["forces"] = f[:n]

@@ -24,7 +24,11 @@ class ChebyshevBasis(torch.nn.Module):
 
     def forward(self, d: torch.Tensor) -> torch.Tensor:
         t = ((d - self.r_min) / (self.r_max - self.r_min)).clamp(0.0, 1.0)
-        x = torch.cos(math.pi * t) if self.mapping == "cosine" else 2 * t - 1
+        k = torch.arange(self.n, dtype=d.dtype, device=d.device)
+        if self.mapping == "cosine":
+            # T_k(cos(pi t)) = cos(k pi t): one fused expression instead of the recursion
+            return torch.cos((math.pi * t)[:, None] * k)
+        x = 2 * t - 1
         out = [torch.ones_like(x), x]
         for _ in range(2, self.n):
             out.append(2 * x * out[-1] - out[-2])
@@ -40,9 +44,10 @@ class PolynomialEnvelope(torch.nn.Module):
 
     def forward(self, d: torch.Tensor) -> torch.Tensor:
         p = self.p
-        t = d / self.r_max
-        u = 1 - (p + 1) * (p + 2) / 2 * t**p + p * (p + 2) * t ** (p + 1) - p * (p + 1) / 2 * t ** (p + 2)
-        return torch.where(t < 1, u, torch.zeros_like(u))
+        t = (d / self.r_max).clamp(max=1.0)
+        # Horner form of the same polynomial: t^p (a + t (b + c t))
+        a, b, c = -(p + 1) * (p + 2) / 2, p * (p + 2), -p * (p + 1) / 2
+        return 1 + t**p * (a + t * (b + c * t))
 
 
 class MLP(torch.nn.Module):

@@ -50,6 +50,29 @@ def test_capacities_only_grow():
     assert (p.capacities.atoms, p.capacities.edges, p.capacities.graphs) == caps
 
 
+def test_padding_reuses_the_graph_and_follows_new_positions(model, make_batch):
+    """A batch with the same graph tensors and new positions (an MD step) == a fresh padding."""
+    from dataclasses import replace
+
+    batch = make_batch(model, [molecule(0), crystal()])
+    cached = Predictor(model, pad=True, pad_atom_multiple=16, pad_edge_multiple=32)
+    cached(batch)
+    moved = replace(batch, positions=batch.positions + 0.01 * torch.randn_like(batch.positions))
+    first = cached.padded(moved)
+    assert first.receivers is cached.padded(batch).receivers  # graph padding reused
+    fresh = Predictor(model, pad=True, pad_atom_multiple=16, pad_edge_multiple=32).padded(moved)
+    for name in ("positions", "types", "cell", "receivers", "senders", "shifts", "batch", "edge_batch"):
+        assert torch.equal(getattr(first, name), getattr(fresh, name)), name
+    out, ref = cached(moved, stress=True), Predictor(model)(moved, stress=True)
+    for k in ref:
+        assert_close(out[k], ref[k], 1e-12, k)
+    # a new graph (other structures) is padded afresh
+    other = make_batch(model, [molecule(1)])
+    assert cached.padded(other).receivers is not first.receivers
+    cached.reserve(0, 10 * cached.capacities.edges, 0)
+    assert cached.padded(moved).receivers.shape[0] == cached.capacities.edges
+
+
 class CountingBackend:
     def __init__(self):
         self.count = 0

@@ -1,24 +1,21 @@
 """Grouped matrix product for equivariant linear maps: every rank in one launch.
 
-Group ``g`` (one tensor rank) computes ``C_g = scale_g * A_g @ B_g`` with
-``A_g: [M_g, K_g]``, ``B_g: [K_g, N_g]``. Each operand element ``(i, j)`` lives at
+Group ``g`` (one tensor rank) computes ``C_g = A_g @ B_g / sqrt(fan_g)`` with
+``A_g: [M_g, K_g]``, ``B_g: [K_g, N_g]``. The launch table (``flashcart.cartesian._linear_spec``)
+gives each size as ``mul * n_rows + const`` and each operand element ``(i, j)`` at
 ``off + (i // Di) * si_hi + (i % Di) * si_lo + (j // Dj) * sj_hi + (j % Dj) * sj_lo``, which
 covers rank blocks ``[rows, 2l+1, channels]`` inside feature rows (``i = row * (2l+1) + c``)
-as well as plain weight matrices and their transposes. A small int64 table carries the
-per-group sizes and strides; programs find their group from the tile prefix sums. With
-``SPLIT > 1`` the reduction is split over a second grid axis into ``SPLIT`` partial results
-(``c_split_stride`` apart) that the caller sums: weight gradients reduce over all rows.
+as well as plain weight matrices and their transposes. Programs find their group from tile
+counts computed in-kernel from ``n_rows``, so one table serves every row count and nothing
+is allocated per call. With ``SPLIT > 1`` the reduction is split over a second grid axis
+into ``SPLIT`` partial results (``c_split_stride`` apart) that the caller sums: weight
+gradients reduce over all rows.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
-
-# table columns
-M, N, K, TILE_START = 0, 1, 2, 3
-A0, B0, C0 = 4, 11, 18  # each operand: off, Di, si_hi, si_lo, Dj, sj_hi, sj_lo
-N_COLS = 25
 
 
 @triton.jit
@@ -33,13 +30,13 @@ def _addr(tab, base: tl.constexpr, i, j):
     return off + (i // di) * si_hi + (i % di) * si_lo + (j // dj) * sj_hi + (j % dj) * sj_lo
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])
 def grouped_matmul(
     a_ptr,
     b_ptr,
     c_ptr,
     table_ptr,
-    scale_ptr,
+    n_rows,
     c_split_stride,
     N_GROUPS: tl.constexpr,
     NCOL: tl.constexpr,
@@ -51,15 +48,24 @@ def grouped_matmul(
 ):
     pid = tl.cast(tl.program_id(0), tl.int64)
     split = tl.cast(tl.program_id(1), tl.int64)
+    rows = tl.cast(n_rows, tl.int64)
+    # which group this tile belongs to (groups with no tiles are skipped by the later ones)
     g = tl.cast(0, tl.int64)
-    for i in tl.static_range(1, N_GROUPS):
-        start_i = tl.load(table_ptr + i * NCOL + 3)
-        g = tl.where(pid >= start_i, i, g)
+    g_start = tl.cast(0, tl.int64)
+    start = tl.cast(0, tl.int64)
+    for i in tl.static_range(N_GROUPS):
+        m_i = tl.load(table_ptr + i * NCOL + 0) * rows + tl.load(table_ptr + i * NCOL + 1)
+        n_i = tl.load(table_ptr + i * NCOL + 2)
+        sel = pid >= start
+        g = tl.where(sel, i, g)
+        g_start = tl.where(sel, start, g_start)
+        start += ((m_i + BM - 1) // BM) * ((n_i + BN - 1) // BN)
     tab = table_ptr + g * NCOL
-    m_size = tl.load(tab + 0)
-    n_size = tl.load(tab + 1)
-    k_size = tl.load(tab + 2)
-    tile = pid - tl.load(tab + 3)
+    m_size = tl.load(tab + 0) * rows + tl.load(tab + 1)
+    n_size = tl.load(tab + 2)
+    k_size = tl.load(tab + 3) * rows + tl.load(tab + 4)
+    fan = tl.load(tab + 5)
+    tile = pid - g_start
     tiles_n = (n_size + BN - 1) // BN
     tm = tile // tiles_n
     tn = tile % tiles_n
@@ -74,14 +80,21 @@ def grouped_matmul(
     for k0 in range(k_lo, k_hi, BK):
         rk = k0 + tl.arange(0, BK)
         k_mask = rk < k_hi
-        a_off = _addr(tab, 4, rm[:, None], rk[None, :])
-        b_off = _addr(tab, 11, rk[:, None], rn[None, :])
+        a_off = _addr(tab, 6, rm[:, None], rk[None, :])
+        b_off = _addr(tab, 13, rk[:, None], rn[None, :])
         a = tl.load(a_ptr + a_off, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         b = tl.load(b_ptr + b_off, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
         if USE_DOT:
             acc += tl.dot(a, b, input_precision="ieee")
         else:
             acc += tl.sum(a[:, :, None] * b[None, :, :], axis=1)
-    scale = tl.load(scale_ptr + g)
-    c_off = _addr(tab, 18, rm[:, None], rn[None, :])
+    # 1 / sqrt(fan), correctly rounded (0 for a rank without paths)
+    fan1 = tl.maximum(fan, 1)
+    if c_ptr.dtype.element_ty == tl.float64:
+        scale = 1.0 / tl.sqrt(tl.cast(fan1, tl.float64))
+    else:
+        s32 = tl.div_rn(tl.full([], 1.0, tl.float32), tl.sqrt_rn(tl.cast(fan1, tl.float32)))
+        scale = tl.cast(s32, c_ptr.dtype.element_ty)
+    scale = tl.where(fan > 0, scale, tl.zeros_like(scale))
+    c_off = _addr(tab, 20, rm[:, None], rn[None, :])
     tl.store(c_ptr + split * c_split_stride + c_off, acc * scale, mask=m_mask[:, None] & n_mask[None, :])

@@ -11,12 +11,12 @@ Ops (namespace ``flashcart``):
 * ``tp_fwd(x1, x2, w, rowptr, senders, key)``; ``tp_bwd(go, x1, x2, w, receivers, senders,
   srowptr, perm, key, need_x1, need_x2, need_w)``.
 * ``expansion_fwd(u, l_max)``, ``expansion_vjp(u, g, l_max)``, ``expansion_second(u, g, v, l_max)``.
-* ``lin_fwd(x, w, key)``, ``lin_bwd_x(gy, w, key)``, ``lin_bwd_w(gy, x, key)``.
+* ``lin_fwd(x, w, table, key)``, ``lin_bwd_x(gy, w, table, key)``, ``lin_bwd_w(gy, x, table, key)``
+  (``table``: the layer's launch table, see ``flashcart.cartesian._linear_spec``).
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Optional
 
 import torch
@@ -25,7 +25,8 @@ import triton.language as tl
 from torch import Tensor
 
 from .._layout import edge_csr
-from .linear_kernel import N_COLS, grouped_matmul
+from .._linear_spec import BWD_W, BWD_X, FWD, N_COLS, linear_spec, n_tiles
+from .linear_kernel import grouped_matmul
 from .source import expansion_module, product_key, product_module, product_spec
 
 __all__ = ["tensor_product", "direction_expansion", "equivariant_linear", "edge_csr"]
@@ -350,195 +351,127 @@ def direction_expansion(u: Tensor, l_max: int) -> Tensor:
 # equivariant linear maps
 # ---------------------------------------------------------------------------------------
 
-_BIG = 1 << 62
+_BM = _BN = _BK = 32
 
 
-class _LinearSpec:
-    def __init__(self, key: str):
-        in_l, out_l, f_in, f_out, paths = key.split("|")
-        self.in_l_max, self.out_l_max = int(in_l), int(out_l)
-        self.f_in, self.f_out = int(f_in), int(f_out)
-        self.paths = [int(p) for p in paths.split(",")]
-        self.n_mixed = min(self.in_l_max, self.out_l_max) + 1
-        self.k = [p * self.f_in for p in self.paths]
-        self.in_off, self.out_off, self.w_off = [], [], []
-        a = b = c = 0
-        for l in range(self.in_l_max + 1):
-            self.in_off.append(a)
-            a += (2 * l + 1) * self.k[l]
-        self.in_width = a
-        for l in range(self.out_l_max + 1):
-            self.out_off.append(b)
-            b += (2 * l + 1) * self.f_out
-        self.out_width = b
-        for l in range(self.n_mixed):
-            self.w_off.append(c)
-            c += self.f_out * self.k[l]
-        self.w_numel = c
+def _launch_grouped(a: Tensor, b: Tensor, c: Tensor, table: Tensor, key: str, kind: int, n_rows: int, split: int = 1) -> None:
+    """Run the grouped matmul of launch ``kind`` (forward / input grad / weight grad) on ``n_rows`` rows.
 
-
-@lru_cache(maxsize=None)
-def _lin_spec(key: str) -> _LinearSpec:
-    return _LinearSpec(key)
-
-
-def _row_operand(off, comps, row_stride, comp_stride):
-    """Operand indexed by (row * comps + c, j): rank block inside feature rows."""
-    return [off, comps, row_stride, comp_stride, _BIG, 0, 1]
-
-
-def _plain(off, stride_i, stride_j):
-    return [off, _BIG, 0, stride_i, _BIG, 0, stride_j]
-
-
-_TABLES: dict[tuple, tuple[Tensor, Tensor, int]] = {}
-
-
-def _launch_grouped(a, b, c, groups, scales, cache_key: tuple, split: int = 1):
-    """Run the grouped matmul; ``groups`` holds (M, N, K, A, B, C) per group.
-
-    The int64 table and scales are built once per ``cache_key`` (operation, layer, rows) and
-    device/dtype, and kept on the device: no host-to-device copy per call. They are created
-    lazily, so under ``reduce-overhead`` a first call during CUDA-graph warm-up allocates them
-    in the graph pool, which CUDA-graph trees reject; building them per layer, independent of
-    the row count, is the planned fix (issue note).
+    ``table`` is the layer's launch table (``[3, groups, N_COLS]``, on the operands' device);
+    the grid size comes from the key on the host, so nothing is read back or allocated.
     """
-    if not groups:
+    tiles = n_tiles(key, kind, n_rows, _BM, _BN)
+    if tiles == 0:
         return
-    bm, bn, bk = 32, 32, 32
-    key = (cache_key, a.device, c.dtype)
-    if key not in _TABLES:
-        rows, start = [], 0
-        for m, n, k, oa, ob, oc in groups:
-            rows.append([m, n, k, start, *oa, *ob, *oc])
-            start += triton.cdiv(m, bm) * triton.cdiv(n, bn)
-        _TABLES[key] = (torch.tensor(rows, dtype=torch.int64, device=a.device),
-                        torch.tensor(scales, dtype=c.dtype, device=a.device), start)
-    table, scale, n_tiles = _TABLES[key]
-    if n_tiles == 0:
-        return
-    grouped_matmul[(n_tiles, split)](
-        a, b, c, table, scale, c.shape[-1] if split > 1 else 0,
-        N_GROUPS=len(groups), NCOL=N_COLS, BM=bm, BN=bn, BK=bk,
+    grouped_matmul[(tiles, split)](
+        a, b, c, table[kind], n_rows, c.shape[-1] if split > 1 else 0,
+        N_GROUPS=table.shape[1], NCOL=N_COLS, BM=_BM, BN=_BN, BK=_BK,
         USE_DOT=c.dtype != torch.float64 or not c.is_cuda, SPLIT=split, num_warps=4,
     )
 
 
+def _check_table(table: Tensor, key: str, like: Tensor) -> None:
+    s = linear_spec(key)
+    if table.shape != (3, s.n_mixed, N_COLS) or table.dtype != torch.int64:
+        raise ValueError(f"launch table of shape {tuple(table.shape)} does not belong to linear map {key!r}")
+    if table.device != like.device:
+        raise ValueError(f"linear launch table on {table.device}, operands on {like.device}: move the layer with .to()")
+
+
 @torch.library.custom_op("flashcart::lin_fwd", mutates_args=())
-def lin_fwd(x: Tensor, w: Tensor, key: str) -> Tensor:
-    s = _lin_spec(key)
+def lin_fwd(x: Tensor, w: Tensor, table: Tensor, key: str) -> Tensor:
+    s = linear_spec(key)
+    _check_table(table, key, x)
     x, w = x.contiguous(), w.contiguous()
     n = x.shape[0]
     y = torch.empty(n, s.out_width, dtype=x.dtype, device=x.device)
     if s.n_mixed <= s.out_l_max:
         y[:, s.out_off[s.n_mixed]:].zero_()
-    groups, scales = [], []
-    for l in range(s.n_mixed):
-        d = 2 * l + 1
-        groups.append((n * d, s.f_out, s.k[l],
-                       _row_operand(s.in_off[l], d, s.in_width, s.k[l]),
-                       _plain(s.w_off[l], 1, s.k[l]),
-                       _row_operand(s.out_off[l], d, s.out_width, s.f_out)))
-        scales.append(_scale(s, l))
-    _launch_grouped(x, w, y, groups, scales, ("fwd", key, n))
+    _launch_grouped(x, w, y, table, key, FWD, n)
     return y
 
 
-def _scale(s: _LinearSpec, l: int) -> float:
-    return 1.0 / (s.f_in * s.paths[l]) ** 0.5 if s.paths[l] else 0.0
-
-
 @lin_fwd.register_fake
-def _(x, w, key):
-    return x.new_empty(x.shape[0], _lin_spec(key).out_width)
+def _(x, w, table, key):
+    return x.new_empty(x.shape[0], linear_spec(key).out_width)
 
 
 @torch.library.custom_op("flashcart::lin_bwd_x", mutates_args=())
-def lin_bwd_x(gy: Tensor, w: Tensor, key: str) -> Tensor:
-    s = _lin_spec(key)
+def lin_bwd_x(gy: Tensor, w: Tensor, table: Tensor, key: str) -> Tensor:
+    s = linear_spec(key)
+    _check_table(table, key, gy)
     gy, w = gy.contiguous(), w.contiguous()
     n = gy.shape[0]
     gx = torch.empty(n, s.in_width, dtype=gy.dtype, device=gy.device)
     if s.n_mixed <= s.in_l_max:
         gx[:, s.in_off[s.n_mixed]:].zero_()
-    groups, scales = [], []
-    for l in range(s.n_mixed):
-        d = 2 * l + 1
-        groups.append((n * d, s.k[l], s.f_out,
-                       _row_operand(s.out_off[l], d, s.out_width, s.f_out),
-                       _plain(s.w_off[l], s.k[l], 1),
-                       _row_operand(s.in_off[l], d, s.in_width, s.k[l])))
-        scales.append(_scale(s, l))
-    _launch_grouped(gy, w, gx, groups, scales, ("bwd_x", key, n))
+    _launch_grouped(gy, w, gx, table, key, BWD_X, n)
     return gx
 
 
 @lin_bwd_x.register_fake
-def _(gy, w, key):
-    return gy.new_empty(gy.shape[0], _lin_spec(key).in_width)
+def _(gy, w, table, key):
+    return gy.new_empty(gy.shape[0], linear_spec(key).in_width)
 
 
 @torch.library.custom_op("flashcart::lin_bwd_w", mutates_args=())
-def lin_bwd_w(gy: Tensor, x: Tensor, key: str) -> Tensor:
-    s = _lin_spec(key)
+def lin_bwd_w(gy: Tensor, x: Tensor, table: Tensor, key: str) -> Tensor:
+    s = linear_spec(key)
+    _check_table(table, key, gy)
     gy, x = gy.contiguous(), x.contiguous()
     n = gy.shape[0]
     split = max(1, min(64, n // 64))
     gw = torch.empty(split, s.w_numel, dtype=gy.dtype, device=gy.device)
-    groups, scales = [], []
-    for l in range(s.n_mixed):
-        d = 2 * l + 1
-        a = [s.out_off[l], _BIG, 0, 1, d, s.out_width, s.f_out]   # (o, row*d + c)
-        b = [s.in_off[l], d, s.in_width, s.k[l], _BIG, 0, 1]       # (row*d + c, k)
-        groups.append((s.f_out, s.k[l], n * d, a, b, _plain(s.w_off[l], s.k[l], 1)))
-        scales.append(_scale(s, l))
     if n == 0:
         return gw.zero_().sum(0)
-    _launch_grouped(gy, x, gw, groups, scales, ("bwd_w", key, n), split=split)
+    _launch_grouped(gy, x, gw, table, key, BWD_W, n, split=split)
     return gw.sum(0)
 
 
 @lin_bwd_w.register_fake
-def _(gy, x, key):
-    return gy.new_empty(_lin_spec(key).w_numel)
+def _(gy, x, table, key):
+    return gy.new_empty(linear_spec(key).w_numel)
 
 
 def _lin_fwd_setup(ctx, inputs, output):
-    x, w, key = inputs
+    x, w, table, key = inputs
     ctx.key = key
-    ctx.save_for_backward(x, w)
+    ctx.save_for_backward(x, w, table)
 
 
 def _lin_fwd_backward(ctx, gy):
-    x, w = ctx.saved_tensors
+    x, w, table = ctx.saved_tensors
     need = ctx.needs_input_grad
-    return (lin_bwd_x(gy, w, ctx.key) if need[0] else None, lin_bwd_w(gy, x, ctx.key) if need[1] else None, None)
+    return (lin_bwd_x(gy, w, table, ctx.key) if need[0] else None,
+            lin_bwd_w(gy, x, table, ctx.key) if need[1] else None, None, None)
 
 
 def _lin_bx_setup(ctx, inputs, output):
-    gy, w, key = inputs
+    gy, w, table, key = inputs
     ctx.key = key
-    ctx.save_for_backward(gy, w)
+    ctx.save_for_backward(gy, w, table)
 
 
 def _lin_bx_backward(ctx, g):
     # <g, gy @ W>: d gy = g @ W^T (lin_fwd), d W = lin_bwd_w(gy, g)
-    gy, w = ctx.saved_tensors
+    gy, w, table = ctx.saved_tensors
     need = ctx.needs_input_grad
-    return (lin_fwd(g, w, ctx.key) if need[0] else None, lin_bwd_w(gy, g, ctx.key) if need[1] else None, None)
+    return (lin_fwd(g, w, table, ctx.key) if need[0] else None,
+            lin_bwd_w(gy, g, table, ctx.key) if need[1] else None, None, None)
 
 
 def _lin_bw_setup(ctx, inputs, output):
-    gy, x, key = inputs
+    gy, x, table, key = inputs
     ctx.key = key
-    ctx.save_for_backward(gy, x)
+    ctx.save_for_backward(gy, x, table)
 
 
 def _lin_bw_backward(ctx, g):
     # <g, gy^T x>: d gy = x @ g^T (lin_fwd(x, g)), d x = gy @ g (lin_bwd_x(gy, g))
-    gy, x = ctx.saved_tensors
+    gy, x, table = ctx.saved_tensors
     need = ctx.needs_input_grad
-    return (lin_fwd(x, g, ctx.key) if need[0] else None, lin_bwd_x(gy, g, ctx.key) if need[1] else None, None)
+    return (lin_fwd(x, g, table, ctx.key) if need[0] else None,
+            lin_bwd_x(gy, g, table, ctx.key) if need[1] else None, None, None)
 
 
 lin_fwd.register_autograd(_lin_fwd_backward, setup_context=_lin_fwd_setup)
@@ -548,6 +481,5 @@ lin_bwd_w.register_autograd(_lin_bw_backward, setup_context=_lin_bw_setup)
 
 def equivariant_linear(lin, x: Tensor) -> Tensor:
     """Triton path of :class:`~flashcart.cartesian.EquivariantLinear`: all ranks in one launch."""
-    key = f"{lin.in_l_max}|{lin.out_l_max}|{lin.in_features}|{lin.out_features}|{','.join(map(str, lin.in_paths))}"
     w = torch.cat([p.reshape(-1) for p in lin.weights]) if len(lin.weights) else x.new_zeros(0)
-    return lin_fwd(x, w, key)
+    return lin_fwd(x, w, lin.launch_table, lin.key)
