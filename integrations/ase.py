@@ -89,9 +89,10 @@ class FlashCartCalculator(Calculator):
         self._graph = {"numbers": atoms.numbers.copy(), "pbc": atoms.pbc.copy(), "cell": atoms.cell.array.copy(),
                        "positions": positions.clone(), "batch": batch}
         self.neighbor_list_builds += 1
-        if self.predictor.pad:
-            # headroom, so that the next neighbour lists fit the compiled capacities
-            self.predictor.reserve(len(atoms), int(1.1 * batch.receivers.shape[0]) + 1, 1)
+        n_edges = batch.receivers.shape[0]
+        if self.predictor.pad and n_edges > self.predictor.capacities.edges:
+            # grow with 10 % headroom, so that the next neighbour lists fit (no recompilation)
+            self.predictor.reserve(len(atoms), int(1.1 * n_edges) + 1, 1)
         return batch
 
     def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):

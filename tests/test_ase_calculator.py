@@ -107,6 +107,26 @@ def test_padding_and_offsets_options(model):
     assert abs(atoms.get_potential_energy() - (e - float(shifts))) < 1e-9
 
 
+def test_padded_neighbour_list_rebuilds_grow_capacities_only_when_needed(model):
+    atoms = molecule("CH3CH2OH")
+    c = calc(model, pad=True, skin=0.1, pad_atom_multiple=8, pad_edge_multiple=8)
+    atoms.calc = c
+    rng = np.random.default_rng(1)
+    cap = None
+    for step in range(6):
+        atoms.positions += rng.normal(scale=0.2, size=atoms.positions.shape)
+        atoms.get_forces()
+        edges = c._graph["batch"].receivers.shape[0]
+        new = c.predictor.capacities.edges
+        assert new >= edges
+        if cap is not None and new != cap:
+            assert edges > cap  # grown only because this neighbour list did not fit
+        if cap is None:
+            assert new >= 1.1 * edges  # headroom on the first build
+        cap = new
+    assert c.neighbor_list_builds == 6
+
+
 def test_nve_energy_is_conserved(model):
     atoms = molecule("CH3CH2OH")
     atoms.calc = calc(model)
