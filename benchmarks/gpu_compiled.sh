@@ -10,7 +10,7 @@ RO="profile_compile_predict=true profile_compile_mode=reduce-overhead"
 run() { echo "=== $*"; timeout "${T:-300}" "$@" 2>&1 | grep -v "^\s*$" | grep -v "Data Pointer" | tee -a "$out/full.log" | tail -${N:-8}; }
 [ -n "$TESTS" ] && N=15 T=400 run python3 -m pytest -q -x -m gpu $TESTS
 T=150 N=3 run bash benchmarks/profile_diamond.sh $S profile_phase=inference profile_row_limit=40
-for m in S L; do
+for m in ${PROFILE_MODELS-S L}; do
   eval "opts=\$$m"
   for ph in inference training; do
     T=200 N=3 run bash benchmarks/profile_diamond.sh $opts profile_phase=$ph profile_row_limit=1 $RO

@@ -141,7 +141,9 @@ class FlashCartPotential(torch.nn.Module):
             shifts: ``[E, 3]`` integer image offsets; receivers/senders: ``[E]`` (grouped by
             receiver); edge_batch: ``[E]`` graph of each edge.
         """
-        vec = positions[senders] - positions[receivers] + torch.einsum("ek,ekl->el", shifts, cell[edge_batch])
+        # index_select: its backward is an index_add (no sort), unlike advanced indexing
+        image = (shifts.to(positions.dtype)[:, :, None] * cell.index_select(0, edge_batch)).sum(1)
+        vec = positions.index_select(0, senders) - positions.index_select(0, receivers) + image
         d = torch.sqrt((vec * vec).sum(-1) + 1e-30)
         attrs = self.expansion(vec)
         env = self.envelope(d)

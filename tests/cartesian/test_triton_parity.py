@@ -34,6 +34,17 @@ CASES = [
 ]
 
 
+@pytest.fixture(params=["eager", "custom_op"])
+def dispatch(request, monkeypatch):
+    """Both call paths of the Triton ops: plain autograd Functions (eager) and the
+    ``torch.library`` custom ops that compiled graphs use."""
+    if request.param == "custom_op":
+        import flashcart.cartesian._triton.ops as ops
+
+        monkeypatch.setattr(ops, "_eager_ok", lambda first: False)
+    return request.param
+
+
 def _graph(n_nodes, n_edges, device):
     g = torch.Generator().manual_seed(1)
     receivers = torch.sort(torch.randint(0, n_nodes, (n_edges,), generator=g)).values
@@ -78,7 +89,7 @@ def _compare_to_second_order(fn_ref, fn_tri, inputs, dtype):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", CASES, ids=str)
 @pytest.mark.parametrize("conv", [False, True], ids=["dense", "conv"])
-def test_tensor_product_parity(case, conv, device):
+def test_tensor_product_parity(case, conv, device, dispatch):
     dtype = torch.float64
     l1, l2, lo, f1, f2, sym, shared, red = case
     if sym and conv:
@@ -104,7 +115,7 @@ def test_tensor_product_parity(case, conv, device):
 
 @needs_triton
 @pytest.mark.parametrize("device", DEVICES)
-def test_expansion_parity(device):
+def test_expansion_parity(device, dispatch):
     r = torch.randn(10, 3, dtype=torch.float64, device=device)
     ref, tri = _pair(DirectionExpansion, 3)
     _compare_to_second_order(ref, tri, [r], torch.float64)
@@ -112,7 +123,7 @@ def test_expansion_parity(device):
 
 @needs_triton
 @pytest.mark.parametrize("device", DEVICES)
-def test_linear_parity(device):
+def test_linear_parity(device, dispatch):
     ref, tri = _pair(EquivariantLinear, 3, 2, 3, 5, in_paths=[2, 1, 3, 1])
     ref, tri = ref.to(device, torch.float64), tri.to(device, torch.float64)
     x = torch.randn(6, ref.in_width, dtype=torch.float64, device=device)

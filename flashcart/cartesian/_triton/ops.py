@@ -483,3 +483,64 @@ def equivariant_linear(lin, x: Tensor) -> Tensor:
     """Triton path of :class:`~flashcart.cartesian.EquivariantLinear`: all ranks in one launch."""
     w = torch.cat([p.reshape(-1) for p in lin.weights]) if len(lin.weights) else x.new_zeros(0)
     return lin_fwd(x, w, lin.launch_table, lin.key)
+
+
+# ---------------------------------------------------------------------------------------
+# eager fast path
+# ---------------------------------------------------------------------------------------
+# A custom op call in eager mode goes through the dispatcher and the op's Python autograd
+# wrapper, which costs tens of microseconds: in a launch-bound evaluation that is a large
+# part of the wall time. Outside compilation and tracing, the same implementations and the
+# same derivative formulas run through plain autograd Functions instead; under
+# torch.compile (or any dispatch mode: fake tensors, functionalisation) the custom ops are
+# used, so compiled graphs still see opaque ops with fake implementations.
+
+
+def _eager_function(name: str, impl, setup, backward):
+    def setup_context(ctx, inputs, output):
+        ctx.set_materialize_grads(False)
+        setup(ctx, inputs, output)
+
+    def forward(*args):
+        if torch.autograd.profiler._is_profiler_enabled:
+            with torch.profiler.record_function(f"flashcart::{name}"):
+                return impl(*args)
+        return impl(*args)
+
+    return type(f"flashcart_{name}", (torch.autograd.Function,), {
+        "forward": staticmethod(forward),
+        "setup_context": staticmethod(setup_context),
+        "backward": staticmethod(backward),
+    })
+
+
+def _eager_ok(first: Tensor) -> bool:
+    return (type(first) is torch.Tensor and not torch.compiler.is_compiling()
+            and torch._C._len_torch_dispatch_stack() == 0)
+
+
+def _dispatching(op, fn):
+    def call(*args):
+        if _eager_ok(args[0]):
+            return fn.apply(*args)
+        return op(*args)
+
+    call.op = op
+    call.__name__ = op._name if hasattr(op, "_name") else str(op)
+    return call
+
+
+_OPS = {
+    "tp_fwd": (tp_fwd, _tp_setup, _tp_backward),
+    "tp_bwd": (tp_bwd, _tp_bwd_setup, _tp_bwd_backward),
+    "lin_fwd": (lin_fwd, _lin_fwd_setup, _lin_fwd_backward),
+    "lin_bwd_x": (lin_bwd_x, _lin_bx_setup, _lin_bx_backward),
+    "lin_bwd_w": (lin_bwd_w, _lin_bw_setup, _lin_bw_backward),
+    "expansion_fwd": (expansion_fwd, _exp_setup, _exp_backward),
+    "expansion_vjp": (expansion_vjp, _vjp_setup, _vjp_backward),
+}
+# The module-level names (used by the entry points and by every derivative formula above)
+# become dispatchers; ``name.op`` is the custom op.
+for _name, (_op, _setup, _backward) in _OPS.items():
+    globals()[_name] = _dispatching(_op, _eager_function(_name, _op._init_fn, _setup, _backward))
+del _name, _op, _setup, _backward
