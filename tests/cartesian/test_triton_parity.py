@@ -138,21 +138,32 @@ def test_linear_parity(device, dispatch):
     _compare_to_second_order(call(ref), call(tri), [x, *ws], torch.float64)
 
 
-@pytest.mark.gpu
-def test_triton_gradcheck_and_gradgradcheck_on_gpu():
-    device = "cuda"
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+def test_triton_gradcheck_and_gradgradcheck(device, dispatch):
+    # the interpreter is slow: random-projection (fast-mode) checks there, full checks on CUDA
+    fast = device == "cpu"
     tp = TensorProduct(2, 2, 2, 2, 1, backend="triton")
     receivers, senders = _graph(4, 6, device)
     x1 = torch.randn(4, tp.in1_width, dtype=torch.float64, device=device, requires_grad=True)
     x2 = torch.randn(6, tp.in2_width, dtype=torch.float64, device=device, requires_grad=True)
     w = torch.randn(6, tp.weight_numel, dtype=torch.float64, device=device, requires_grad=True)
     fn = lambda a, b, c: tp(a, b, c, receivers, senders)  # noqa: E731
-    assert torch.autograd.gradcheck(fn, (x1, x2, w))
-    assert torch.autograd.gradgradcheck(fn, (x1, x2, w))
+    assert torch.autograd.gradcheck(fn, (x1, x2, w), fast_mode=fast)
+    assert torch.autograd.gradgradcheck(fn, (x1, x2, w), fast_mode=fast)
     exp = DirectionExpansion(2, backend="triton")
     r = torch.randn(5, 3, dtype=torch.float64, device=device, requires_grad=True)
-    assert torch.autograd.gradcheck(exp, (r,))
-    assert torch.autograd.gradgradcheck(exp, (r,))
+    assert torch.autograd.gradcheck(exp, (r,), fast_mode=fast)
+    assert torch.autograd.gradgradcheck(exp, (r,), fast_mode=fast)
+    lin = EquivariantLinear(2, 2, 2, 3, in_paths=[1, 2, 1], backend="triton").to(device, torch.float64)
+    x = torch.randn(3, lin.in_width, dtype=torch.float64, device=device, requires_grad=True)
+    ws = [p.detach().clone().requires_grad_() for p in lin.weights]
+
+    def lin_fn(x, *w):
+        return torch.func.functional_call(lin, {f"weights.{i}": wi for i, wi in enumerate(w)}, (x,))
+
+    assert torch.autograd.gradcheck(lin_fn, (x, *ws), fast_mode=fast)
+    assert torch.autograd.gradgradcheck(lin_fn, (x, *ws), fast_mode=fast)
 
 
 @pytest.mark.gpu

@@ -498,7 +498,9 @@ def equivariant_linear(lin, x: Tensor) -> Tensor:
 
 def _eager_function(name: str, impl, setup, backward):
     def setup_context(ctx, inputs, output):
-        ctx.set_materialize_grads(False)
+        # Single-output formulas expect a tensor (zeros when unused, as custom ops pass);
+        # tp_bwd's formula skips missing cotangents of its three outputs.
+        ctx.set_materialize_grads(name != "tp_bwd")
         setup(ctx, inputs, output)
 
     def forward(*args):
