@@ -113,7 +113,7 @@ def test_padded_neighbour_list_rebuilds_grow_capacities_only_when_needed(model):
     atoms.calc = c
     rng = np.random.default_rng(1)
     cap = None
-    for step in range(6):
+    for _ in range(6):
         atoms.positions += rng.normal(scale=0.2, size=atoms.positions.shape)
         atoms.get_forces()
         edges = c._graph["batch"].receivers.shape[0]
