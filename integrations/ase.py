@@ -68,7 +68,7 @@ class FlashCartCalculator(Calculator):
     def _same_topology(self, atoms) -> bool:
         """Same species, periodicity and cell as the cached neighbour list."""
         ref = self._graph
-        return (ref is not None and len(atoms) == len(ref["numbers"]) and np.array_equal(atoms.numbers, ref["numbers"])
+        return (ref is not None and np.array_equal(atoms.numbers, ref["numbers"])
                 and np.array_equal(atoms.pbc, ref["pbc"]) and np.array_equal(atoms.cell.array, ref["cell"]))
 
     def _batch(self, atoms):

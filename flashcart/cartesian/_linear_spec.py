@@ -17,11 +17,11 @@ import torch
 
 __all__ = ["LinearSpec", "linear_spec", "linear_key", "launch_table", "n_tiles", "N_COLS", "FWD", "BWD_X", "BWD_W"]
 
-# table columns: sizes (M = M_MUL * rows + M_CONST, same for K), scale fan-in, then the three
-# operand descriptors (off, Di, si_hi, si_lo, Dj, sj_hi, sj_lo): element (i, j) lives at
+# Table columns (the kernel reads them at these positions): 0-1 M = M_MUL * rows + M_CONST,
+# 2 N, 3-4 K = K_MUL * rows + K_CONST, 5 scale fan-in, then the operand descriptors of A, B
+# and C at 6, 13 and 20 (off, Di, si_hi, si_lo, Dj, sj_hi, sj_lo): element (i, j) lives at
 # off + (i // Di) * si_hi + (i % Di) * si_lo + (j // Dj) * sj_hi + (j % Dj) * sj_lo.
-M_MUL, M_CONST, N_SIZE, K_MUL, K_CONST, FAN = range(6)
-A0, B0, C0 = 6, 13, 20
+M_MUL, M_CONST, N_SIZE = 0, 1, 2
 N_COLS = 27
 BIG = 1 << 62  # a divisor no index reaches
 

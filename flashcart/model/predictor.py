@@ -104,6 +104,7 @@ class Predictor:
         self.capacities = Capacities()
         self._compiled: dict[tuple, Callable] = {}
         self._pad_cache: tuple | None = None  # (graph tensors, capacities, padded batch)
+        self._parameters = list(model.parameters())
 
     @classmethod
     def from_config(cls, model: torch.nn.Module, cfg: dict[str, Any], compile: bool | None = None,
@@ -150,8 +151,7 @@ class Predictor:
         cap = self.capacities
         graph = (b.receivers, b.senders, b.shifts, b.types, b.cell, b.batch, b.edge_batch)
         hit = self._pad_cache
-        if (hit is not None and hit[1] == (cap.atoms, cap.edges, cap.graphs) and len(hit[0]) == len(graph)
-                and all(x is y for x, y in zip(hit[0], graph))):
+        if hit is not None and hit[1] == (cap.atoms, cap.edges, cap.graphs) and all(x is y for x, y in zip(hit[0], graph)):
             p = hit[2]
             return replace(p, positions=torch.cat([b.positions, p.positions[n:].to(b.positions.dtype)]),
                            energy=b.energy, forces=b.forces, stress=b.stress)
@@ -224,7 +224,7 @@ class Predictor:
             torch.compiler.cudagraph_mark_step_begin()  # outputs of the previous call may be reused
         # Without create_graph nothing differentiates the parameters: freeze them for the call,
         # so no kernel computes weight gradients (as in a simulation, whose parameters are frozen).
-        frozen = [] if create_graph else [p for p in self.model.parameters() if p.requires_grad]
+        frozen = [] if create_graph else [p for p in self._parameters if p.requires_grad]
         try:
             for p in frozen:
                 p.requires_grad_(False)

@@ -24,8 +24,8 @@ class ChebyshevBasis(torch.nn.Module):
 
     def forward(self, d: torch.Tensor) -> torch.Tensor:
         t = ((d - self.r_min) / (self.r_max - self.r_min)).clamp(0.0, 1.0)
-        k = torch.arange(self.n, dtype=d.dtype, device=d.device)
         if self.mapping == "cosine":
+            k = torch.arange(self.n, dtype=d.dtype, device=d.device)
             # T_k(cos(pi t)) = cos(k pi t): one fused expression instead of the recursion
             return torch.cos((math.pi * t)[:, None] * k)
         x = 2 * t - 1

@@ -521,14 +521,14 @@ def _eager_ok(first: Tensor) -> bool:
             and torch._C._len_torch_dispatch_stack() == 0)
 
 
-def _dispatching(op, fn):
+def _dispatching(name: str, op, fn):
     def call(*args):
         if _eager_ok(args[0]):
             return fn.apply(*args)
         return op(*args)
 
     call.op = op
-    call.__name__ = op._name if hasattr(op, "_name") else str(op)
+    call.__name__ = name
     return call
 
 
@@ -544,5 +544,5 @@ _OPS = {
 # The module-level names (used by the entry points and by every derivative formula above)
 # become dispatchers; ``name.op`` is the custom op.
 for _name, (_op, _setup, _backward) in _OPS.items():
-    globals()[_name] = _dispatching(_op, _eager_function(_name, _op._init_fn, _setup, _backward))
+    globals()[_name] = _dispatching(_name, _op, _eager_function(_name, _op._init_fn, _setup, _backward))
 del _name, _op, _setup, _backward
