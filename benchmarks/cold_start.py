@@ -48,8 +48,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as triton_cache:
         env = {**os.environ, "FLASHCART_CACHE_DIR": cache, "TRITON_CACHE_DIR": triton_cache}
         for label in ("empty caches", "warm caches"):
-            res = subprocess.run([sys.executable, "-c", CHILD, args.device, "r_max=6.0", *args.model], env=env,
-                                 capture_output=True, text=True)
+            res = subprocess.run(
+                [sys.executable, "-c", CHILD, args.device, "r_max=6.0", *args.model], env=env, capture_output=True, text=True
+            )
             if res.returncode:
                 print(res.stderr[-3000:])
                 raise SystemExit(res.returncode)

@@ -23,8 +23,19 @@ from flashcart.data.neighbors import neighbor_list
 
 def diamond(device, dtype=torch.float32):
     a = 3.567
-    basis = torch.tensor([[0, 0, 0], [0, .5, .5], [.5, 0, .5], [.5, .5, 0],
-                          [.25, .25, .25], [.25, .75, .75], [.75, .25, .75], [.75, .75, .25]], dtype=torch.float64)
+    basis = torch.tensor(
+        [
+            [0, 0, 0],
+            [0, 0.5, 0.5],
+            [0.5, 0, 0.5],
+            [0.5, 0.5, 0],
+            [0.25, 0.25, 0.25],
+            [0.25, 0.75, 0.75],
+            [0.75, 0.25, 0.75],
+            [0.75, 0.75, 0.25],
+        ],
+        dtype=torch.float64,
+    )
     cells = torch.cartesian_prod(*[torch.arange(5, dtype=torch.float64)] * 3)
     pos = ((cells[:, None, :] + basis[None]) * a).reshape(-1, 3)
     cell = torch.eye(3, dtype=torch.float64) * 5 * a
@@ -87,17 +98,29 @@ def main() -> None:
             b_f = in_bytes + out.numel() * el
             b_b = in_bytes + out.numel() * el + in_bytes  # read inputs and go, write the three grads
             b_d = 2 * b_b  # inputs, go, three cotangents; four results
-            row = dict(F=F, backend=backend, paths=tp.n_paths, fwd_ms=t_f, bwd_ms=t_b, dbwd_ms=t_d,
-                       fwd_bytes=b_f, bwd_bytes=b_b, dbwd_bytes=b_d,
-                       fwd_roofline=b_f / (t_f * 1e-3) / bw, bwd_roofline=b_b / (t_b * 1e-3) / bw,
-                       dbwd_roofline=b_d / (t_d * 1e-3) / bw)
+            row = dict(
+                F=F,
+                backend=backend,
+                paths=tp.n_paths,
+                fwd_ms=t_f,
+                bwd_ms=t_b,
+                dbwd_ms=t_d,
+                fwd_bytes=b_f,
+                bwd_bytes=b_b,
+                dbwd_bytes=b_d,
+                fwd_roofline=b_f / (t_f * 1e-3) / bw,
+                bwd_roofline=b_b / (t_b * 1e-3) / bw,
+                dbwd_roofline=b_d / (t_d * 1e-3) / bw,
+            )
             rows.append(row)
             del out, grads, s
             torch.cuda.empty_cache()
     print(f"{'F':>4} {'backend':>7} {'fwd ms':>8} {'bwd ms':>8} {'dbwd ms':>8} {'fwd %bw':>8} {'bwd %bw':>8} {'dbwd %bw':>8}")
     for r in rows:
-        print(f"{r['F']:4d} {r['backend']:>7} {r['fwd_ms']:8.3f} {r['bwd_ms']:8.3f} {r['dbwd_ms']:8.3f} "
-              f"{100 * r['fwd_roofline']:7.1f}% {100 * r['bwd_roofline']:7.1f}% {100 * r['dbwd_roofline']:7.1f}%")
+        print(
+            f"{r['F']:4d} {r['backend']:>7} {r['fwd_ms']:8.3f} {r['bwd_ms']:8.3f} {r['dbwd_ms']:8.3f} "
+            f"{100 * r['fwd_roofline']:7.1f}% {100 * r['bwd_roofline']:7.1f}% {100 * r['dbwd_roofline']:7.1f}%"
+        )
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(dict(copy_bandwidth=bw, atoms=n, edges=E, rows=rows), fh, indent=1)

@@ -74,9 +74,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "one.extxyz"
         write(path, atoms, format="extxyz")
-        overrides = [f"train_path={path}", f"device={args.device}", f"r_max={args.r_max}", "profile_phase=inference",
-                     "profile_batch_size=1", f"profile_repeat={args.repeat}", "profile_warmup=3",
-                     f"profile_compile_predict={args.compile_mode is not None}", "profile_row_limit=1", *args.model]
+        overrides = [
+            f"train_path={path}",
+            f"device={args.device}",
+            f"r_max={args.r_max}",
+            "profile_phase=inference",
+            "profile_batch_size=1",
+            f"profile_repeat={args.repeat}",
+            "profile_warmup=3",
+            f"profile_compile_predict={args.compile_mode is not None}",
+            "profile_row_limit=1",
+            *args.model,
+        ]
         if args.compile_mode:
             overrides.append(f"profile_compile_mode={args.compile_mode}")
         cfg = load_config(overrides=overrides)

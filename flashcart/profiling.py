@@ -21,7 +21,8 @@ from .model.potential import FlashCartPotential
 from .model.predictor import Predictor
 from .model.prefit import prefit
 from .training.losses import loss_value, required_properties
-from .training.trainer import infer_elements, resolve_device
+from .training.trainer import infer_elements
+from .utils.device import resolve_device
 
 __all__ = ["profile", "FLASHCART_OPS"]
 
@@ -69,8 +70,12 @@ def _op_tables(fn: Callable[[], None], label: str, cfg: dict[str, Any], device, 
     from torch.profiler import profile as torch_profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with torch_profile(activities=activities, record_shapes=cfg["profile_record_shapes"],
-                       profile_memory=cfg["profile_memory"], with_stack=cfg["profile_with_stack"]) as prof:
+    with torch_profile(
+        activities=activities,
+        record_shapes=cfg["profile_record_shapes"],
+        profile_memory=cfg["profile_memory"],
+        with_stack=cfg["profile_with_stack"],
+    ) as prof:
         fn()
         _sync(device)
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
@@ -109,13 +114,20 @@ def profile(cfg: dict[str, Any], progress: bool = True, out: Callable[[str], Non
     if cfg["profile_pre_fit"]:
         prefit(model, fit_structures, cfg["atomic_shifts"], cfg["fit_atomic_shifts"])
     model.to(device)
-    predictor = Predictor(model, compile=cfg["profile_compile_predict"], compile_mode=cfg["profile_compile_mode"],
-                          compile_fullgraph=cfg["profile_compile_fullgraph"], pad=False)
+    predictor = Predictor(
+        model,
+        compile=cfg["profile_compile_predict"],
+        compile_mode=cfg["profile_compile_mode"],
+        compile_fullgraph=cfg["profile_compile_fullgraph"],
+        pad=False,
+    )
     n_params = sum(p.numel() for p in model.parameters())
     out(f"[model] parameters={n_params} elements={model.elements}")
-    out(f"[settings] device={device} dtype={torch.get_default_dtype()} use_triton={cfg['use_triton']} "
+    out(
+        f"[settings] device={device} dtype={torch.get_default_dtype()} use_triton={cfg['use_triton']} "
         f"kernel_l_max={KERNEL_L_MAX} compile={cfg['profile_compile_predict']} compile_mode={cfg['profile_compile_mode']} "
-        f"fullgraph={cfg['profile_compile_fullgraph']} tf32={torch.backends.cuda.matmul.allow_tf32}")
+        f"fullgraph={cfg['profile_compile_fullgraph']} tf32={torch.backends.cuda.matmul.allow_tf32}"
+    )
     results = {}
     if "inference" in phases:
         _, batches = _load_batches(data_path, cfg, cfg["profile_batch_size"], model, device, progress)

@@ -14,15 +14,22 @@ from .cartesian import rotate
 __all__ = ["random_rotation", "assert_equivariant", "assert_close", "assert_forces_are_gradients", "TOLERANCES", "TINY_MODEL"]
 
 # A small architecture for fast tests (all ranks and layer types present).
-TINY_MODEL = dict(n_hidden_feats=4, l_max_hidden_feats=2, l_max_edge_attrs=2, n_radial=4, n_interactions=2,
-                  correlation=3, hidden_radial=[8], hidden_readout=[8], r_max=4.0)
+TINY_MODEL = dict(
+    n_hidden_feats=4,
+    l_max_hidden_feats=2,
+    l_max_edge_attrs=2,
+    n_radial=4,
+    n_interactions=2,
+    correlation=3,
+    hidden_radial=[8],
+    hidden_readout=[8],
+    r_max=4.0,
+)
 
 TOLERANCES = {torch.float64: 1e-10, torch.float32: 1e-4}
 
 
-def random_rotation(
-    improper: bool = False, dtype: torch.dtype = torch.float64, generator: torch.Generator | None = None
-) -> torch.Tensor:
+def random_rotation(improper: bool = False, dtype: torch.dtype = torch.float64, generator: torch.Generator | None = None) -> torch.Tensor:
     """A uniformly random ``[3, 3]`` rotation (``det = -1`` when ``improper``)."""
     q, r = torch.linalg.qr(torch.randn(3, 3, dtype=torch.float64, generator=generator))
     q = q * torch.sign(torch.diagonal(r))
@@ -79,8 +86,9 @@ def assert_equivariant(
             assert_close(out, expected, tol, what=f"equivariance ({'improper' if improper else 'proper'})")
 
 
-def assert_forces_are_gradients(positions: torch.Tensor, forces: torch.Tensor, energy_fn, h: float = 1e-5,
-                                n_checks: int = 6, tol: float = 1e-6) -> None:
+def assert_forces_are_gradients(
+    positions: torch.Tensor, forces: torch.Tensor, energy_fn, h: float = 1e-5, n_checks: int = 6, tol: float = 1e-6
+) -> None:
     """Central finite differences of ``energy_fn(positions)`` match ``-forces`` on random entries."""
     g = torch.Generator().manual_seed(0)
     for _ in range(n_checks):

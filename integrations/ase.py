@@ -20,7 +20,7 @@ from flashcart.data import collate, structure_from_atoms
 from flashcart.model.checkpoint import load_checkpoint
 from flashcart.model.potential import FlashCartPotential
 from flashcart.model.predictor import Predictor
-from flashcart.training.trainer import resolve_device
+from flashcart.utils.device import resolve_device
 
 __all__ = ["FlashCartCalculator"]
 
@@ -43,9 +43,19 @@ class FlashCartCalculator(Calculator):
 
     implemented_properties = ["energy", "free_energy", "forces", "stress"]
 
-    def __init__(self, model: str | Path | FlashCartPotential, device: str = "auto", dtype: str = "float32",
-                 skin: float = 0.0, compile_mode: str | None = None, pad: bool | None = None,
-                 pad_atom_multiple: int = 128, pad_edge_multiple: int = 128, add_atomic_offsets: bool = True, **kwargs):
+    def __init__(
+        self,
+        model: str | Path | FlashCartPotential,
+        device: str = "auto",
+        dtype: str = "float32",
+        skin: float = 0.0,
+        compile_mode: str | None = None,
+        pad: bool | None = None,
+        pad_atom_multiple: int = 128,
+        pad_edge_multiple: int = 128,
+        add_atomic_offsets: bool = True,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         if dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
@@ -59,17 +69,27 @@ class FlashCartCalculator(Calculator):
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.skin, self.add_atomic_offsets = skin, add_atomic_offsets
-        self.predictor = Predictor(self.model, compile=compile_mode is not None, compile_mode=compile_mode or "default",
-                                   pad=pad, pad_atom_multiple=pad_atom_multiple, pad_edge_multiple=pad_edge_multiple,
-                                   pad_graph_multiple=1)
+        self.predictor = Predictor(
+            self.model,
+            compile=compile_mode is not None,
+            compile_mode=compile_mode or "default",
+            pad=pad,
+            pad_atom_multiple=pad_atom_multiple,
+            pad_edge_multiple=pad_edge_multiple,
+            pad_graph_multiple=1,
+        )
         self._graph = None  # cached neighbour list: species, pbc, cell, reference positions, Batch
         self.neighbor_list_builds = 0
 
     def _same_topology(self, atoms) -> bool:
         """Same species, periodicity and cell as the cached neighbour list."""
         ref = self._graph
-        return (ref is not None and np.array_equal(atoms.numbers, ref["numbers"])
-                and np.array_equal(atoms.pbc, ref["pbc"]) and np.array_equal(atoms.cell.array, ref["cell"]))
+        return (
+            ref is not None
+            and np.array_equal(atoms.numbers, ref["numbers"])
+            and np.array_equal(atoms.pbc, ref["pbc"])
+            and np.array_equal(atoms.cell.array, ref["cell"])
+        )
 
     def _batch(self, atoms):
         """The batch for ``atoms``: the cached graph with new positions while nobody moved more
@@ -83,11 +103,15 @@ class FlashCartCalculator(Calculator):
                 batch = ref["batch"]
                 batch.positions = positions
                 return batch
-        structure = structure_from_atoms(atoms, self.model.r_max + self.skin, where="atoms", require_labels=False,
-                                         device=self.device)
+        structure = structure_from_atoms(atoms, self.model.r_max + self.skin, where="atoms", require_labels=False, device=self.device)
         batch = collate([structure], self.model.z_to_type).to(self.device, self.dtype)
-        self._graph = {"numbers": atoms.numbers.copy(), "pbc": atoms.pbc.copy(), "cell": atoms.cell.array.copy(),
-                       "positions": positions.clone(), "batch": batch}
+        self._graph = {
+            "numbers": atoms.numbers.copy(),
+            "pbc": atoms.pbc.copy(),
+            "cell": atoms.cell.array.copy(),
+            "positions": positions.clone(),
+            "batch": batch,
+        }
         self.neighbor_list_builds += 1
         n_edges = batch.receivers.shape[0]
         if self.predictor.pad and n_edges > self.predictor.capacities.edges:

@@ -28,8 +28,17 @@ def test_defaults_match_the_spec():
 
 @pytest.mark.parametrize(
     "text, value",
-    [("3", 3), ("2.5", 2.5), ("5e-3", 5e-3), ("true", True), ("~", None), ("null", None), ("none", None),
-     ("[H, O]", ["H", "O"]), ("cpu", "cpu")],
+    [
+        ("3", 3),
+        ("2.5", 2.5),
+        ("5e-3", 5e-3),
+        ("true", True),
+        ("~", None),
+        ("null", None),
+        ("none", None),
+        ("[H, O]", ["H", "O"]),
+        ("cpu", "cpu"),
+    ],
 )
 def test_override_values_parse(text, value):
     assert parse_value(text) == value

@@ -24,8 +24,7 @@ def run(data, capsys, *extra):
     model = [f"{k}={v}" for k, v in TINY_MODEL.items()]
     cfg = data / "profile.yaml"
     cfg.write_text(f"train_path: {data / 'data.xyz'}\ndevice: cpu\n")
-    code = profile_main([str(cfg), *model, "profile_batch_size=2", "profile_n_batches=2", "profile_row_limit=5",
-                         "--no-progress", *extra])
+    code = profile_main([str(cfg), *model, "profile_batch_size=2", "profile_n_batches=2", "profile_row_limit=5", "--no-progress", *extra])
     out = capsys.readouterr().out
     assert code == 0, out
     return out
@@ -64,8 +63,17 @@ def test_single_phase(data, capsys, phase):
 
 
 def test_options_dynamic_batching_traces_and_recording(data, capsys, tmp_path):
-    out = run(data, capsys, "profile_dynamic_batching=true", "profile_pre_fit=false", f"profile_trace_dir={tmp_path}",
-              "profile_record_shapes=true", "profile_with_stack=true", "profile_memory=true", "profile_train_batch_size=3")
+    out = run(
+        data,
+        capsys,
+        "profile_dynamic_batching=true",
+        "profile_pre_fit=false",
+        f"profile_trace_dir={tmp_path}",
+        "profile_record_shapes=true",
+        "profile_with_stack=true",
+        "profile_memory=true",
+        "profile_train_batch_size=3",
+    )
     for phase in ("inference", "training"):
         path = tmp_path / f"{phase}.json"
         assert f"[trace] wrote {path}" in out and path.stat().st_size > 0
@@ -82,7 +90,15 @@ def test_missing_data_is_a_clear_error(data, capsys):
 @pytest.mark.slow
 def test_compiled_prediction(data, capsys):
     torch._dynamo.reset()
-    out = run(data, capsys, "profile_compile_predict=true", "profile_phase=inference", "n_interactions=1",
-              "correlation=2", "l_max_hidden_feats=1", "l_max_edge_attrs=1")
+    out = run(
+        data,
+        capsys,
+        "profile_compile_predict=true",
+        "profile_phase=inference",
+        "n_interactions=1",
+        "correlation=2",
+        "l_max_hidden_feats=1",
+        "l_max_edge_attrs=1",
+    )
     assert "compile=True" in out
     parse_timer(out, "inference fwd\\+bwd")

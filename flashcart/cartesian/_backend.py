@@ -58,9 +58,7 @@ def resolve_backend(backend: str, tensor: torch.Tensor) -> str:
         if not triton_available():
             raise RuntimeError("backend='triton' needs the triton package; install it or use backend='torch'")
         if not (tensor.is_cuda or interpreter_enabled()):
-            raise RuntimeError(
-                "backend='triton' needs CUDA tensors, or TRITON_INTERPRET=1 to run the kernels on the CPU"
-            )
+            raise RuntimeError("backend='triton' needs CUDA tensors, or TRITON_INTERPRET=1 to run the kernels on the CPU")
     return backend
 
 

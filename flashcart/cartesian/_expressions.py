@@ -72,10 +72,7 @@ def product_vjp_b_table(l1: int, l2: int, l_out: int) -> BilinearTable:
 @lru_cache(maxsize=None)
 def expansion_table(l: int) -> tuple[tuple[tuple[Fraction, tuple[int, int, int]], ...], ...]:
     """Entry ``p``: ``((c, (ex, ey, ez)), ...)`` meaning ``sum c ux^ex uy^ey uz^ez``."""
-    return tuple(
-        tuple(sorted(((c, m) for m, c in comp.items()), key=lambda t: t[1], reverse=True))
-        for comp in expansion_coefficients(l)
-    )
+    return tuple(tuple(sorted(((c, m) for m, c in comp.items()), key=lambda t: t[1], reverse=True)) for comp in expansion_coefficients(l))
 
 
 @lru_cache(maxsize=None)

@@ -71,9 +71,7 @@ def rotation_matrix_stored(R: torch.Tensor, l: int) -> torch.Tensor:
     return (full @ m)[idx]
 
 
-def rotate(
-    x: torch.Tensor, R: torch.Tensor, l_max: int, n_paths: list[int] | None = None
-) -> torch.Tensor:
+def rotate(x: torch.Tensor, R: torch.Tensor, l_max: int, n_paths: list[int] | None = None) -> torch.Tensor:
     """Rotate features in the standard layout by ``R`` (proper or improper).
 
     Args:

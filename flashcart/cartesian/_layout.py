@@ -15,9 +15,7 @@ def layout_width(l_max: int, n_features: int, n_paths: list[int] | None = None) 
     return sum(dim(l) * p for l, p in enumerate(paths)) * n_features
 
 
-def split_ranks(
-    x: torch.Tensor, l_max: int, n_features: int, n_paths: list[int] | None = None
-) -> list[torch.Tensor]:
+def split_ranks(x: torch.Tensor, l_max: int, n_features: int, n_paths: list[int] | None = None) -> list[torch.Tensor]:
     """Views ``[rows, 2l+1, paths_l * F]`` of each rank block of ``x: [rows, width]``."""
     paths = [1] * (l_max + 1) if n_paths is None else n_paths
     out, start = [], 0

@@ -94,15 +94,51 @@ def launch_rows(key: str) -> tuple:
     for l in range(s.n_mixed):
         d, k, fan = 2 * l + 1, s.k[l], s.f_in * s.paths[l]
         # y[row*d+c, o] = sum_k x[row*d+c, k] W[o, k]
-        fwd.append([d, 0, s.f_out, 0, k, fan,
-                    *_rows(s.in_off[l], d, s.in_width, k), *_plain(s.w_off[l], 1, k),
-                    *_rows(s.out_off[l], d, s.out_width, s.f_out)])
+        fwd.append(
+            [
+                d,
+                0,
+                s.f_out,
+                0,
+                k,
+                fan,
+                *_rows(s.in_off[l], d, s.in_width, k),
+                *_plain(s.w_off[l], 1, k),
+                *_rows(s.out_off[l], d, s.out_width, s.f_out),
+            ]
+        )
         # gx[row*d+c, k] = sum_o gy[row*d+c, o] W[o, k]
-        bwd_x.append([d, 0, k, 0, s.f_out, fan,
-                      *_rows(s.out_off[l], d, s.out_width, s.f_out), *_plain(s.w_off[l], k, 1),
-                      *_rows(s.in_off[l], d, s.in_width, k)])
+        bwd_x.append(
+            [
+                d,
+                0,
+                k,
+                0,
+                s.f_out,
+                fan,
+                *_rows(s.out_off[l], d, s.out_width, s.f_out),
+                *_plain(s.w_off[l], k, 1),
+                *_rows(s.in_off[l], d, s.in_width, k),
+            ]
+        )
         # gW[o, k] = sum_{row, c} gy[row*d+c, o] x[row*d+c, k]
-        bwd_w.append([0, s.f_out, k, d, 0, fan,
-                      s.out_off[l], BIG, 0, 1, d, s.out_width, s.f_out,
-                      *_rows(s.in_off[l], d, s.in_width, k), *_plain(s.w_off[l], k, 1)])
+        bwd_w.append(
+            [
+                0,
+                s.f_out,
+                k,
+                d,
+                0,
+                fan,
+                s.out_off[l],
+                BIG,
+                0,
+                1,
+                d,
+                s.out_width,
+                s.f_out,
+                *_rows(s.in_off[l], d, s.in_width, k),
+                *_plain(s.w_off[l], k, 1),
+            ]
+        )
     return (tuple(map(tuple, fwd)), tuple(map(tuple, bwd_x)), tuple(map(tuple, bwd_w)))

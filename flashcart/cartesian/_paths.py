@@ -38,17 +38,13 @@ def path_normalization(l1: int, l2: int, l_out: int) -> Fraction:
     j = l1 + l2 + l_out
     j1, j2, j3 = j - 2 * l1 - 1, j - 2 * l2 - 1, j - 2 * l_out - 1
     c = Fraction(
-        factorial(l1) * factorial(l2) * double_factorial(2 * l_out - 1)
-        * factorial((j1 + 1) // 2) * factorial((j2 + 1) // 2),
-        factorial(l_out) * double_factorial(j1) * double_factorial(j2) * double_factorial(j3)
-        * factorial(j // 2),
+        factorial(l1) * factorial(l2) * double_factorial(2 * l_out - 1) * factorial((j1 + 1) // 2) * factorial((j2 + 1) // 2),
+        factorial(l_out) * double_factorial(j1) * double_factorial(j2) * double_factorial(j3) * factorial(j // 2),
     )
     return Fraction(factorial(l_out), factorial(l1 - k) * factorial(l2 - k)) * c
 
 
-def enumerate_paths(
-    in1_l_max: int, in2_l_max: int, out_l_max: int, symmetric: bool = False
-) -> list[Path]:
+def enumerate_paths(in1_l_max: int, in2_l_max: int, out_l_max: int, symmetric: bool = False) -> list[Path]:
     """All paths in weight-layout order.
 
     For each output rank ascending: canonical pairs ``l1 >= l2`` by increasing ``l1``
@@ -57,23 +53,12 @@ def enumerate_paths(
     with ``l1 != l2``.
     """
     if symmetric and in1_l_max != in2_l_max:
-        raise ValueError(
-            f"a symmetric product needs equal input ranks, got {in1_l_max} and {in2_l_max}"
-        )
+        raise ValueError(f"a symmetric product needs equal input ranks, got {in1_l_max} and {in2_l_max}")
     top = max(in1_l_max, in2_l_max)
     paths: list[Path] = []
     for l_out in range(out_l_max + 1):
-        canonical = [
-            (l1, l2)
-            for l1 in range(top + 1)
-            for l2 in range(l1 + 1)
-            if path_allowed(l1, l2, l_out)
-        ]
+        canonical = [(l1, l2) for l1 in range(top + 1) for l2 in range(l1 + 1) if path_allowed(l1, l2, l_out)]
         paths += [Path(l1, l2, l_out) for l1, l2 in canonical if l1 <= in1_l_max and l2 <= in2_l_max]
         if not symmetric:
-            paths += [
-                Path(l2, l1, l_out)
-                for l1, l2 in canonical
-                if l1 != l2 and l2 <= in1_l_max and l1 <= in2_l_max
-            ]
+            paths += [Path(l2, l1, l_out) for l1, l2 in canonical if l1 != l2 and l2 <= in1_l_max and l1 <= in2_l_max]
     return paths

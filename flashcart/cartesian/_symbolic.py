@@ -105,9 +105,7 @@ def product_coefficients(l1: int, l2: int, l_out: int) -> Bilinear:
                 for _ in range(n):
                     da, db = da.diff(var), db.diff(var)
             contracted += da * db * multinomial(i, j, m)
-    contracted = contracted * QQ(
-        factorial(l1 - k) * factorial(l2 - k), factorial(l1) * factorial(l2)
-    )
+    contracted = contracted * QQ(factorial(l1 - k) * factorial(l2 - k), factorial(l1) * factorial(l2))
     projected = _harmonic_projection(contracted, xyz, l_out)
     norm = path_normalization(l1, l2, l_out)
     norm_qq = QQ(norm.numerator, norm.denominator)
@@ -135,13 +133,7 @@ def expansion_coefficients(l: int) -> tuple[dict[tuple[int, int, int], Fraction]
     scale = QQ(double_factorial(2 * l - 1), factorial(l))
     out = []
     for monoms in _stored_from_polynomial(projected, (x, y, z), l, 3):
-        out.append(
-            {
-                tuple(m): Fraction(int((c * scale).numerator), int((c * scale).denominator))
-                for m, c in monoms.items()
-                if c != 0
-            }
-        )
+        out.append({tuple(m): Fraction(int((c * scale).numerator), int((c * scale).denominator)) for m, c in monoms.items() if c != 0})
     return tuple(out)
 
 

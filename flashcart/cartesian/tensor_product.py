@@ -98,9 +98,7 @@ class TensorProduct(torch.nn.Module):
             raise ValueError(f"x2 must have shape [rows, {self.in2_width}], got {tuple(x2.shape)}")
         rows = senders.shape[0] if conv else x1.shape[0]
         if conv and (receivers.shape != senders.shape or receivers.dim() != 1):
-            raise ValueError(
-                f"receivers and senders must be 1-D of equal length, got {tuple(receivers.shape)} and {tuple(senders.shape)}"
-            )
+            raise ValueError(f"receivers and senders must be 1-D of equal length, got {tuple(receivers.shape)} and {tuple(senders.shape)}")
         if x2.shape[0] != rows:
             raise ValueError(f"x2 has {x2.shape[0]} rows, expected {rows} ({'edges' if conv else 'rows of x1'})")
         expected = (self.weight_numel,) if self.shared_weights else (rows, self.weight_numel)

@@ -34,9 +34,16 @@ def _stress_matrix(value, where: str) -> np.ndarray:
     raise DataError(f"{where}: stress must have 3x3, 6 (Voigt) or 9 values, got shape {arr.shape}")
 
 
-def structure_from_atoms(atoms, r_max: float, energy_key: str | None = None, forces_key: str | None = None,
-                         stress_key: str | None = None, where: str = "", require_labels: bool = True,
-                         device: torch.device | str | None = None) -> Structure:
+def structure_from_atoms(
+    atoms,
+    r_max: float,
+    energy_key: str | None = None,
+    forces_key: str | None = None,
+    stress_key: str | None = None,
+    where: str = "",
+    require_labels: bool = True,
+    device: torch.device | str | None = None,
+) -> Structure:
     """One :class:`Structure` with its neighbour list; labels read if keys are given.
 
     ``device``: where the neighbour list is computed and the tensors live (default CPU).
@@ -76,15 +83,23 @@ def structure_from_atoms(atoms, r_max: float, energy_key: str | None = None, for
     pos_t = torch.tensor(positions, device=device)
     receivers, senders, shifts = neighbor_list(pos_t, r_max, cell, pbc)
     return Structure(
-        positions=pos_t, numbers=torch.tensor(atoms.numbers, dtype=torch.long, device=device), cell=cell,
-        pbc=pbc.to(device), receivers=receivers, senders=senders, shifts=shifts,
-        energy=torch.tensor(energy, device=device), forces=torch.tensor(forces, device=device),
-        stress=torch.tensor(stress, device=device), source=where,
+        positions=pos_t,
+        numbers=torch.tensor(atoms.numbers, dtype=torch.long, device=device),
+        cell=cell,
+        pbc=pbc.to(device),
+        receivers=receivers,
+        senders=senders,
+        shifts=shifts,
+        energy=torch.tensor(energy, device=device),
+        forces=torch.tensor(forces, device=device),
+        stress=torch.tensor(stress, device=device),
+        source=where,
     )
 
 
-def read_structures(path: str | Path, r_max: float, energy_key: str, forces_key: str, stress_key: str,
-                    progress: bool = True) -> list[Structure]:
+def read_structures(
+    path: str | Path, r_max: float, energy_key: str, forces_key: str, stress_key: str, progress: bool = True
+) -> list[Structure]:
     """All frames of an extxyz file as labelled structures with neighbour lists."""
     import ase.io
 

@@ -32,8 +32,16 @@ class BatchLoader:
         drop_last: drop a final batch with fewer than ``batch_size`` structures (fixed mode).
     """
 
-    def __init__(self, structures: list[Structure], batch_size: int, z_to_type: torch.Tensor, dynamic: bool = False,
-                 shuffle: bool = False, seed: int = 0, drop_last: bool = False):
+    def __init__(
+        self,
+        structures: list[Structure],
+        batch_size: int,
+        z_to_type: torch.Tensor,
+        dynamic: bool = False,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+    ):
         if not structures:
             raise ValueError("no structures to batch")
         self.structures, self.batch_size, self.z_to_type = structures, batch_size, z_to_type

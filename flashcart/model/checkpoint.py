@@ -23,8 +23,12 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded; the message names the path."""
 
 
-def save_checkpoint(model: FlashCartPotential, directory: str | Path, state_dict: dict[str, torch.Tensor] | None = None,
-                    config: dict[str, Any] | None = None) -> None:
+def save_checkpoint(
+    model: FlashCartPotential,
+    directory: str | Path,
+    state_dict: dict[str, torch.Tensor] | None = None,
+    config: dict[str, Any] | None = None,
+) -> None:
     """Write ``directory/model.pt`` (and ``config.yaml`` when given), atomically."""
     directory = Path(directory)
     payload = {

@@ -20,11 +20,28 @@ __all__ = ["FlashCartPotential", "MODEL_KEYS"]
 
 # Configuration keys that define the architecture (saved with every checkpoint).
 MODEL_KEYS = (
-    "r_max", "r_min", "n_hidden_feats", "l_max_hidden_feats", "l_max_edge_attrs", "n_radial",
-    "n_interactions", "correlation", "path_reduced_product", "nonlinearity", "gate_activation",
-    "gate_bias", "layer_norm", "element_agnostic_interaction", "element_agnostic_product",
-    "n_element_interaction_features", "radial_mapping", "cutoff_poly_order", "hidden_radial",
-    "hidden_readout", "use_triton", "model_seed",
+    "r_max",
+    "r_min",
+    "n_hidden_feats",
+    "l_max_hidden_feats",
+    "l_max_edge_attrs",
+    "n_radial",
+    "n_interactions",
+    "correlation",
+    "path_reduced_product",
+    "nonlinearity",
+    "gate_activation",
+    "gate_bias",
+    "layer_norm",
+    "element_agnostic_interaction",
+    "element_agnostic_product",
+    "n_element_interaction_features",
+    "radial_mapping",
+    "cutoff_poly_order",
+    "hidden_radial",
+    "hidden_readout",
+    "use_triton",
+    "model_seed",
 )
 
 
@@ -89,8 +106,17 @@ class FlashCartPotential(torch.nn.Module):
             )
             self.gates.append(Gate(L, F, o["gate_activation"], o["gate_bias"], backend) if o["nonlinearity"] else torch.nn.Identity())
             self.products.append(
-                ProductBlock(L, 0 if last else L, F, o["correlation"], o["path_reduced_product"], n_el,
-                             o["element_agnostic_product"], o["layer_norm"], backend)
+                ProductBlock(
+                    L,
+                    0 if last else L,
+                    F,
+                    o["correlation"],
+                    o["path_reduced_product"],
+                    n_el,
+                    o["element_agnostic_product"],
+                    o["layer_norm"],
+                    backend,
+                )
             )
         self.readout = MLP(n_layers * F, o["hidden_readout"], 1)
         self.register_buffer("atomic_shifts", torch.zeros(n_el, dtype=torch.float64))

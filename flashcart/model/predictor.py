@@ -91,10 +91,19 @@ class Predictor:
         compile_backend: ``torch.compile`` backend (tests count compilations with their own).
     """
 
-    def __init__(self, model: torch.nn.Module, compile: bool = False, compile_mode: str = "default",
-                 compile_fullgraph: bool = True, compile_dynamic: bool = False, pad: bool | None = None,
-                 pad_atom_multiple: int = 128, pad_edge_multiple: int = 128, pad_graph_multiple: int = 8,
-                 compile_backend: str | Callable = "inductor"):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        compile: bool = False,
+        compile_mode: str = "default",
+        compile_fullgraph: bool = True,
+        compile_dynamic: bool = False,
+        pad: bool | None = None,
+        pad_atom_multiple: int = 128,
+        pad_edge_multiple: int = 128,
+        pad_graph_multiple: int = 8,
+        compile_backend: str | Callable = "inductor",
+    ):
         self.model = model
         self.compile, self.compile_mode = compile, compile_mode
         self.compile_fullgraph, self.compile_dynamic = compile_fullgraph, compile_dynamic
@@ -107,8 +116,14 @@ class Predictor:
         self._parameters = list(model.parameters())
 
     @classmethod
-    def from_config(cls, model: torch.nn.Module, cfg: dict[str, Any], compile: bool | None = None,
-                    compile_mode: str | None = None, compile_fullgraph: bool | None = None) -> "Predictor":
+    def from_config(
+        cls,
+        model: torch.nn.Module,
+        cfg: dict[str, Any],
+        compile: bool | None = None,
+        compile_mode: str | None = None,
+        compile_fullgraph: bool | None = None,
+    ) -> "Predictor":
         """Options from the ``predict_*`` keys (``compile`` etc. override them, e.g. for the profiler)."""
         return cls(
             model,
@@ -153,8 +168,13 @@ class Predictor:
         hit = self._pad_cache
         if hit is not None and hit[1] == (cap.atoms, cap.edges, cap.graphs) and all(x is y for x, y in zip(hit[0], graph)):
             p = hit[2]
-            return replace(p, positions=torch.cat([b.positions, p.positions[n:].to(b.positions.dtype)]),
-                           energy=b.energy, forces=b.forces, stress=b.stress)
+            return replace(
+                p,
+                positions=torch.cat([b.positions, p.positions[n:].to(b.positions.dtype)]),
+                energy=b.energy,
+                forces=b.forces,
+                stress=b.stress,
+            )
         out = self._pad(b, n, e, g)
         self._pad_cache = (graph, (cap.atoms, cap.edges, cap.graphs), out)
         return out
@@ -182,7 +202,10 @@ class Predictor:
             batch=torch.cat([b.batch, torch.full((pa,), pad_graph, **long)]),
             edge_batch=torch.cat([b.edge_batch, torch.full((pe,), pad_graph, **long)]),
             n_atoms=torch.cat([b.n_atoms, torch.zeros(pg, dtype=b.n_atoms.dtype, device=b.n_atoms.device)]),
-            energy=b.energy, forces=b.forces, stress=b.stress, n_graphs=cap.graphs,
+            energy=b.energy,
+            forces=b.forces,
+            stress=b.stress,
+            n_graphs=cap.graphs,
         )
 
     # ------------------------------------------------------------------ evaluation
@@ -193,8 +216,9 @@ class Predictor:
             model = self.model
 
             def run(positions, strain, types, cell, shifts, receivers, senders, batch, edge_batch, n_graphs):
-                return energy_forces_stress(model, positions, strain, types, cell, shifts, receivers, senders, batch,
-                                            edge_batch, n_graphs, forces, create_graph)
+                return energy_forces_stress(
+                    model, positions, strain, types, cell, shifts, receivers, senders, batch, edge_batch, n_graphs, forces, create_graph
+                )
 
             if self.compile:
                 import torch._dynamo.config as dynamo_config
@@ -204,8 +228,14 @@ class Predictor:
                 if self.compile_backend == "inductor" and not torch.cuda.is_available():
                     options = {"cpp.simdlen": 1}  # works around an inductor CPU vectoriser assertion
                 mode = None if options else (None if self.compile_mode == "default" else self.compile_mode)
-                run = torch.compile(run, fullgraph=self.compile_fullgraph, dynamic=self.compile_dynamic,
-                                    backend=self.compile_backend, mode=mode, options=options)
+                run = torch.compile(
+                    run,
+                    fullgraph=self.compile_fullgraph,
+                    dynamic=self.compile_dynamic,
+                    backend=self.compile_backend,
+                    mode=mode,
+                    options=options,
+                )
             self._compiled[key] = run
         return self._compiled[key]
 
@@ -229,8 +259,7 @@ class Predictor:
             for p in frozen:
                 p.requires_grad_(False)
             with torch.enable_grad() if need_grad else torch.no_grad():
-                energy, f, s = fn(positions, strain, b.types, b.cell, b.shifts, b.receivers, b.senders, b.batch,
-                                  b.edge_batch, b.n_graphs)
+                energy, f, s = fn(positions, strain, b.types, b.cell, b.shifts, b.receivers, b.senders, b.batch, b.edge_batch, b.n_graphs)
         finally:
             for p in frozen:
                 p.requires_grad_(True)

@@ -10,8 +10,13 @@ from .potential import FlashCartPotential
 __all__ = ["prefit"]
 
 
-def prefit(model: FlashCartPotential, structures: list[Structure], atomic_shifts: dict[str, float] | None = None,
-           fit_atomic_shifts: bool = True, ridge: float = 1e-6) -> dict[str, object]:
+def prefit(
+    model: FlashCartPotential,
+    structures: list[Structure],
+    atomic_shifts: dict[str, float] | None = None,
+    fit_atomic_shifts: bool = True,
+    ridge: float = 1e-6,
+) -> dict[str, object]:
     """Set ``model``'s shifts, scale and neighbour normalisation from training structures.
 
     * shifts: ridge-regularised least squares of energies on element counts; with

@@ -51,8 +51,19 @@ class Interaction(torch.nn.Module):
     csr, node_embed [n, F_e] | None) -> [n, W_hidden]``.
     """
 
-    def __init__(self, l_in: int, l_hidden: int, l_edge: int, F: int, n_radial: int, hidden_radial: list[int],
-                 avg_neighbors: float, element_features: int | None, layer_norm: bool, backend: str = "auto"):
+    def __init__(
+        self,
+        l_in: int,
+        l_hidden: int,
+        l_edge: int,
+        F: int,
+        n_radial: int,
+        hidden_radial: list[int],
+        avg_neighbors: float,
+        element_features: int | None,
+        layer_norm: bool,
+        backend: str = "auto",
+    ):
         super().__init__()
         self.linear_in = EquivariantLinear(l_in, l_in, F, F, backend=backend)
         self.tp = TensorProduct(l_in, l_edge, l_hidden, F, 1, backend=backend)
@@ -108,8 +119,18 @@ class ProductBlock(torch.nn.Module):
     ``A`` and an optional RMS norm. ``out_l_max=0`` for the last layer.
     """
 
-    def __init__(self, l_max: int, out_l_max: int, F: int, correlation: int, path_reduced: bool,
-                 n_elements: int, element_agnostic: bool, layer_norm: bool, backend: str = "auto"):
+    def __init__(
+        self,
+        l_max: int,
+        out_l_max: int,
+        F: int,
+        correlation: int,
+        path_reduced: bool,
+        n_elements: int,
+        element_agnostic: bool,
+        layer_norm: bool,
+        backend: str = "auto",
+    ):
         super().__init__()
         self.path_reduced, self.element_agnostic = path_reduced, element_agnostic
         self.steps = torch.nn.ModuleList()
@@ -123,8 +144,9 @@ class ProductBlock(torch.nn.Module):
             if not path_reduced:
                 self.mix.append(EquivariantLinear(l_max, l_max, F, F, in_paths=tp.n_paths_per_rank, backend=backend))
         if path_reduced and self.steps:
-            scales = torch.cat([torch.full(((2 * l + 1) * F,), p ** -0.5 if p else 0.0)
-                                for l, p in enumerate(self.steps[0].n_paths_per_rank)])
+            scales = torch.cat(
+                [torch.full(((2 * l + 1) * F,), p**-0.5 if p else 0.0) for l, p in enumerate(self.steps[0].n_paths_per_rank)]
+            )
             self.register_buffer("path_scale", scales, persistent=False)
             self.final = EquivariantLinear(l_max, l_max, F, F, backend=backend)
         self.skip = EquivariantLinear(l_max, out_l_max, F, F, backend=backend)

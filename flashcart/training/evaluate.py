@@ -11,8 +11,9 @@ from ..config import require
 from ..data import BatchLoader, read_structures
 from ..model.checkpoint import load_checkpoint
 from ..model.predictor import Predictor
+from ..utils.device import resolve_device, resolve_dtype
 from .losses import Metrics, required_properties
-from .trainer import resolve_device, resolve_dtype, setup_logger
+from .trainer import setup_logger
 
 __all__ = ["evaluate", "parity_plot"]
 

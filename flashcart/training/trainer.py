@@ -27,29 +27,16 @@ from ..model.checkpoint import save_checkpoint
 from ..model.potential import MODEL_KEYS, FlashCartPotential
 from ..model.predictor import Predictor
 from ..model.prefit import prefit
+from ..utils.device import resolve_device, resolve_dtype
 from ..utils.io import atomic_write, atomic_write_text
 from .losses import Metrics, loss_value, required_properties
 from .optim import EMA, build_optimizers, wsd_factor
 
-__all__ = ["train", "TrainingError", "resolve_device", "resolve_dtype", "setup_logger"]
+__all__ = ["train", "TrainingError", "setup_logger"]
 
 
 class TrainingError(RuntimeError):
     """Training cannot continue (non-finite loss, inconsistent resume)."""
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "gpu":
-        if not torch.cuda.is_available():
-            raise ConfigError("device: gpu was requested but CUDA is not available (use device=cpu or device=auto)")
-        return torch.device("cuda")
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device("cpu")
-
-
-def resolve_dtype(precision: str) -> torch.dtype:
-    return torch.float64 if precision == "64-true" else torch.float32
 
 
 def setup_logger(path: Path) -> logging.Logger:
@@ -152,8 +139,15 @@ def train(cfg: dict[str, Any], progress: bool = True) -> Path:
     predictor, eval_predictor = Predictor.from_config(model, cfg), Predictor.from_config(eval_model, cfg)
     train_props = required_properties(cfg["train_loss"])
     eval_props = required_properties(cfg["early_stopping_loss"], *cfg["valid_losses"].values())
-    loader = BatchLoader(train_set, cfg["train_batch_size"], model.z_to_type.cpu(), cfg["dynamic_batching"],
-                         shuffle=True, seed=cfg["data_seed"], drop_last=cfg["drop_last"])
+    loader = BatchLoader(
+        train_set,
+        cfg["train_batch_size"],
+        model.z_to_type.cpu(),
+        cfg["dynamic_batching"],
+        shuffle=True,
+        seed=cfg["data_seed"],
+        drop_last=cfg["drop_last"],
+    )
     valid_loader = BatchLoader(valid_set, cfg["eval_batch_size"], model.z_to_type.cpu(), cfg["dynamic_batching"]) if valid_set else None
     start_epoch, best = 0, float("inf")
     if state is not None:
@@ -197,8 +191,12 @@ def train(cfg: dict[str, Any], progress: bool = True) -> Path:
             total += float(loss.detach())
             count += 1
             bar.set_postfix(loss=f"{total / count:.4g}")
-        row: dict[str, Any] = {"epoch": epoch + 1, "time": round(time.perf_counter() - t0, 3),
-                               "lr": cfg["lr"] * factor, "train_loss": total / max(count, 1)}
+        row: dict[str, Any] = {
+            "epoch": epoch + 1,
+            "time": round(time.perf_counter() - t0, 3),
+            "lr": cfg["lr"] * factor,
+            "train_loss": total / max(count, 1),
+        }
         last = epoch + 1 == cfg["max_epochs"]
         if valid_loader is not None and ((epoch + 1) % cfg["validate_every"] == 0 or last):
             eval_model.load_state_dict(ema.state_dict())
@@ -228,7 +226,13 @@ def _twin(model: FlashCartPotential) -> FlashCartPotential:
 def _save_state(model, opts, ema, epoch, best, base_lrs, out: Path, cfg) -> None:
     """Save log/: the weights as a checkpoint, and the resume point as one atomic file."""
     save_checkpoint(model, out / "log", config=cfg)
-    state = {"epoch": epoch, "model": {k: v.detach().cpu() for k, v in model.state_dict().items()}, "best": best,
-             "optimizers": [o.state_dict() for o in opts], "ema": ema.state_dict(),
-             "rng": torch.get_rng_state(), "base_lrs": base_lrs}
+    state = {
+        "epoch": epoch,
+        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "best": best,
+        "optimizers": [o.state_dict() for o in opts],
+        "ema": ema.state_dict(),
+        "rng": torch.get_rng_state(),
+        "base_lrs": base_lrs,
+    }
     atomic_write(out / "log" / "training_state.pt", lambda h: torch.save(state, h), binary=True)

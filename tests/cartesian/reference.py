@@ -59,7 +59,7 @@ def expansion_full(u, l):
     """(2l-1)!!/l! * P(u⊗...⊗u) stored, u: [n, 3] unit vectors."""
     t = torch.ones(u.shape[0], dtype=u.dtype)
     for _ in range(l):
-        t = (t.unsqueeze(-1) * u.reshape(u.shape[0], *([1] * (t.dim() - 1)), 3))
+        t = t.unsqueeze(-1) * u.reshape(u.shape[0], *([1] * (t.dim() - 1)), 3)
     P = stf_projector(l, u.dtype)
     t = t.reshape(u.shape[0], 3**l) @ P.T
     return dfact(2 * l - 1) / factorial(l) * from_full(t.reshape(u.shape[0], *([3] * l)), l)

@@ -85,8 +85,7 @@ def test_corrupted_cache_file_is_regenerated(tmp_path, damage):
 def test_two_processes_generating_at_once_both_succeed(tmp_path):
     env = {**os.environ, "FLASHCART_CACHE_DIR": str(tmp_path), "FLASHCART_KERNEL_L_MAX": "4"}
     procs = [
-        subprocess.Popen([sys.executable, "-c", LOAD], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for _ in range(3)
+        subprocess.Popen([sys.executable, "-c", LOAD], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)
     ]
     results = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [r[1] for r in results]

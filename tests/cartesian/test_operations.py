@@ -75,18 +75,14 @@ def test_product_rejects_bad_shapes_with_clear_messages():
 def test_every_product_path_up_to_rank_4_is_equivariant(lo):
     tp = TensorProduct(4, 4, lo, 2, 2, backend="torch")
     x1, x2, w = inputs(tp, 4)
-    assert_equivariant(
-        tp, [(x1, 4, None), (x2, 4, None), (w, None, None)], lo, tp.n_paths_per_rank
-    )
+    assert_equivariant(tp, [(x1, 4, None), (x2, 4, None), (w, None, None)], lo, tp.n_paths_per_rank)
 
 
 def test_convolution_is_equivariant():
     tp = TensorProduct(2, 3, 2, 3, 1, backend="torch")
     receivers, senders = graph()
     x1, x2, w = inputs(tp, len(senders), n_nodes=5)
-    assert_equivariant(
-        lambda a, b: tp(a, b, w, receivers, senders), [(x1, 2, None), (x2, 3, None)], 2, tp.n_paths_per_rank
-    )
+    assert_equivariant(lambda a, b: tp(a, b, w, receivers, senders), [(x1, 2, None), (x2, 3, None)], 2, tp.n_paths_per_rank)
 
 
 def test_expansion_is_equivariant():

@@ -102,11 +102,11 @@ def test_tensor_product_parity(case, conv, device, dispatch):
     w = torch.randn(*(() if shared else (rows,)), ref.weight_numel, dtype=dtype, device=device)
     if sym:
         inputs = [x1, w]
-        make = lambda m: (lambda a, c: m(a, a, c))  # noqa: E731
+        make = lambda m: lambda a, c: m(a, a, c)  # noqa: E731
     elif conv:
         receivers, senders = _graph(n_nodes, n_edges, device)
         inputs = [x1, x2, w]
-        make = lambda m: (lambda a, b, c: m(a, b, c, receivers, senders))  # noqa: E731
+        make = lambda m: lambda a, b, c: m(a, b, c, receivers, senders)  # noqa: E731
     else:
         inputs = [x1, x2, w]
         make = lambda m: m  # noqa: E731
@@ -176,7 +176,7 @@ def test_float32_parity_on_gpu(case):
     x1 = torch.randn(50, ref.in1_width, device="cuda")
     x2 = torch.randn(400, ref.in2_width, device="cuda")
     w = torch.randn(*(() if shared else (400,)), ref.weight_numel, device="cuda")
-    make = lambda m: (lambda a, b, c: m(a, b, c, receivers, senders))  # noqa: E731
+    make = lambda m: lambda a, b, c: m(a, b, c, receivers, senders)  # noqa: E731
     _compare_to_second_order(make(ref), make(tri), [x1, x2, w], torch.float32)
 
 

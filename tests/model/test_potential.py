@@ -95,7 +95,8 @@ def test_gradcheck_positions_and_parameters(model, make_batch):
         original = param.data.clone()
         try:
             return torch.func.functional_call(
-                model, {"readout.layers.0.weight": w},
+                model,
+                {"readout.layers.0.weight": w},
                 (pos, batch.types, batch.cell, batch.shifts, batch.receivers, batch.senders, batch.batch, batch.edge_batch, 1),
             )
         finally:

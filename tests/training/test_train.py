@@ -27,11 +27,25 @@ def data(tmp_path):
 
 def config(data, out, **extra):
     opts = {**TINY_MODEL, "r_max": 4.0}
-    items = [f"{k}={v}" for k, v in opts.items()] + [
-        f"train_path={data / 'train.xyz'}", f"valid_path={data / 'valid.xyz'}", f"test_path={data / 'valid.xyz'}",
-        f"output_path={out}", "device=cpu", "train_batch_size=3", "eval_batch_size=4", "dynamic_batching=false",
-        "max_epochs=4", "warmup_epochs=1", "decay_epochs=1", "save_every=2", "use_triton=false",
-    ] + [f"{k}={v}" for k, v in extra.items()]
+    items = (
+        [f"{k}={v}" for k, v in opts.items()]
+        + [
+            f"train_path={data / 'train.xyz'}",
+            f"valid_path={data / 'valid.xyz'}",
+            f"test_path={data / 'valid.xyz'}",
+            f"output_path={out}",
+            "device=cpu",
+            "train_batch_size=3",
+            "eval_batch_size=4",
+            "dynamic_batching=false",
+            "max_epochs=4",
+            "warmup_epochs=1",
+            "decay_epochs=1",
+            "save_every=2",
+            "use_triton=false",
+        ]
+        + [f"{k}={v}" for k, v in extra.items()]
+    )
     return load_config(overrides=items)
 
 
@@ -97,8 +111,15 @@ def test_crash_during_checkpoint_save_keeps_previous_checkpoint(data, monkeypatc
 def test_cli_train_test_plot(data, capsys):
     out = data / "cli"
     overrides = [f"{k}={v}" for k, v in {**TINY_MODEL, "r_max": 4.0}.items()] + [
-        f"train_path={data / 'train.xyz'}", f"valid_path={data / 'valid.xyz'}", f"test_path={data / 'valid.xyz'}",
-        f"output_path={out}", "device=cpu", "max_epochs=1", "train_batch_size=4", "use_triton=false"]
+        f"train_path={data / 'train.xyz'}",
+        f"valid_path={data / 'valid.xyz'}",
+        f"test_path={data / 'valid.xyz'}",
+        f"output_path={out}",
+        "device=cpu",
+        "max_epochs=1",
+        "train_batch_size=4",
+        "use_triton=false",
+    ]
     cfg_file = data / "cfg.yaml"
     cfg_file.write_text("dynamic_batching: false\n")
     assert train_main([str(cfg_file), *overrides, "--no-progress"]) == 0

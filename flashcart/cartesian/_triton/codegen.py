@@ -91,8 +91,23 @@ def _header(name: str, args: list[str], constexprs: list[str]) -> list[str]:
 def _fwd(paths, offsets, n_out) -> list[str]:
     L = _header(
         "tp_fwd",
-        ["x1_ptr", "x2_ptr", "w_ptr", "out_ptr", "rowptr_ptr", "send_ptr",
-         "x1_row", "x2_row", "w_row", "out_row", "F1S", "F2S", "F1C", "F2C", "F"],
+        [
+            "x1_ptr",
+            "x2_ptr",
+            "w_ptr",
+            "out_ptr",
+            "rowptr_ptr",
+            "send_ptr",
+            "x1_row",
+            "x2_row",
+            "w_row",
+            "out_row",
+            "F1S",
+            "F2S",
+            "F1C",
+            "F2C",
+            "F",
+        ],
         ["CONV", "BLOCK_F", "DT"],
     )
     I, II = _I, _I * 2
@@ -141,8 +156,29 @@ def _alias_go(lines, paths, offsets, indent):
 def _bwd_edge(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
     L = _header(
         "tp_bwd_edge",
-        ["go_ptr", "x1_ptr", "x2_ptr", "w_ptr", "g1_ptr", "g2_ptr", "gw_ptr", "recv_ptr", "send_ptr",
-         "go_row", "x1_row", "x2_row", "w_row", "g1_row", "g2_row", "gw_row", "F1S", "F2S", "F1C", "F2C", "F"],
+        [
+            "go_ptr",
+            "x1_ptr",
+            "x2_ptr",
+            "w_ptr",
+            "g1_ptr",
+            "g2_ptr",
+            "gw_ptr",
+            "recv_ptr",
+            "send_ptr",
+            "go_row",
+            "x1_row",
+            "x2_row",
+            "w_row",
+            "g1_row",
+            "g2_row",
+            "gw_row",
+            "F1S",
+            "F2S",
+            "F1C",
+            "F2C",
+            "F",
+        ],
         ["CONV", "NEED_G1", "NEED_G2", "NEED_GW", "REDUCE_G2", "BLOCK_F", "DT"],
     )
     I, II = _I, _I * 2
@@ -219,8 +255,22 @@ def _grad_block(paths, attr, indent, ptr, vjp, l_max, reduce_flag=None) -> list[
 def _bwd_x1_csr(paths, offsets, n_out, in1_l_max) -> list[str]:
     L = _header(
         "tp_bwd_x1_csr",
-        ["go_ptr", "x2_ptr", "w_ptr", "g1_ptr", "srowptr_ptr", "perm_ptr", "recv_ptr",
-         "go_row", "x2_row", "w_row", "g1_row", "F2S", "F2C", "F"],
+        [
+            "go_ptr",
+            "x2_ptr",
+            "w_ptr",
+            "g1_ptr",
+            "srowptr_ptr",
+            "perm_ptr",
+            "recv_ptr",
+            "go_row",
+            "x2_row",
+            "w_row",
+            "g1_row",
+            "F2S",
+            "F2C",
+            "F",
+        ],
         ["BLOCK_F", "DT"],
     )
     I, II = _I, _I * 2

@@ -63,9 +63,15 @@ def _tp_shapes(key: str, x1: Tensor, x2: Tensor):
 
 @torch.library.custom_op("flashcart::tp_fwd", mutates_args=())
 def tp_fwd(
-    x1: Tensor, x2: Tensor, w: Tensor,
-    receivers: Optional[Tensor], senders: Optional[Tensor], rowptr: Optional[Tensor],
-    perm: Optional[Tensor], srowptr: Optional[Tensor], key: str,
+    x1: Tensor,
+    x2: Tensor,
+    w: Tensor,
+    receivers: Optional[Tensor],
+    senders: Optional[Tensor],
+    rowptr: Optional[Tensor],
+    perm: Optional[Tensor],
+    srowptr: Optional[Tensor],
+    key: str,
 ) -> Tensor:
     spec, f1, f2, F = _tp_shapes(key, x1, x2)
     conv = rowptr is not None
@@ -76,10 +82,25 @@ def tp_fwd(
     x1, x2, w = x1.contiguous(), x2.contiguous(), w.contiguous()
     block, warps = _block_f(F)
     product_module(key).tp_fwd[(rows, triton.cdiv(F, block))](
-        x1, x2, w, out, rowptr if conv else out, senders if conv else out,
-        x1.shape[1], x2.shape[1], 0 if w.dim() == 1 else w.shape[1], out.shape[1],
-        int(f1 != 1), int(f2 != 1), f1, f2, F,
-        CONV=conv, BLOCK_F=block, DT=_DT[out.dtype], num_warps=warps,
+        x1,
+        x2,
+        w,
+        out,
+        rowptr if conv else out,
+        senders if conv else out,
+        x1.shape[1],
+        x2.shape[1],
+        0 if w.dim() == 1 else w.shape[1],
+        out.shape[1],
+        int(f1 != 1),
+        int(f2 != 1),
+        f1,
+        f2,
+        F,
+        CONV=conv,
+        BLOCK_F=block,
+        DT=_DT[out.dtype],
+        num_warps=warps,
     )
     return out
 
@@ -100,10 +121,19 @@ def _reduce_channels(g: Tensor, comps: int, channels: int) -> Tensor:
 
 @torch.library.custom_op("flashcart::tp_bwd", mutates_args=())
 def tp_bwd(
-    go: Tensor, x1: Tensor, x2: Tensor, w: Tensor,
-    receivers: Optional[Tensor], senders: Optional[Tensor], rowptr: Optional[Tensor],
-    perm: Optional[Tensor], srowptr: Optional[Tensor],
-    key: str, need_x1: bool, need_x2: bool, need_w: bool,
+    go: Tensor,
+    x1: Tensor,
+    x2: Tensor,
+    w: Tensor,
+    receivers: Optional[Tensor],
+    senders: Optional[Tensor],
+    rowptr: Optional[Tensor],
+    perm: Optional[Tensor],
+    srowptr: Optional[Tensor],
+    key: str,
+    need_x1: bool,
+    need_x2: bool,
+    need_w: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     spec, f1, f2, F = _tp_shapes(key, x1, x2)
     conv = receivers is not None
@@ -124,19 +154,55 @@ def tp_bwd(
         dummy = go
         eblock = triton.next_power_of_2(F) if reduce_g2 else block
         mod.tp_bwd_edge[(rows, triton.cdiv(F, eblock))](
-            go, x1, x2, w, g1 if need_x1 and not conv else dummy, g2 if need_x2 else dummy, gw if need_w else dummy,
-            receivers if conv else dummy, senders if conv else dummy,
-            go.shape[1], x1.shape[1], x2.shape[1], w_row, g1.shape[-1] if need_x1 else 0,
-            g2.shape[-1] if need_x2 else 0, gw.shape[-1] if need_w else 0,
-            int(f1 != 1), int(f2 != 1), f1, f2, F,
-            CONV=conv, NEED_G1=need_x1 and not conv, NEED_G2=need_x2, NEED_GW=need_w, REDUCE_G2=reduce_g2,
-            BLOCK_F=eblock, DT=_DT[dt], num_warps=max(1, eblock // 32),
+            go,
+            x1,
+            x2,
+            w,
+            g1 if need_x1 and not conv else dummy,
+            g2 if need_x2 else dummy,
+            gw if need_w else dummy,
+            receivers if conv else dummy,
+            senders if conv else dummy,
+            go.shape[1],
+            x1.shape[1],
+            x2.shape[1],
+            w_row,
+            g1.shape[-1] if need_x1 else 0,
+            g2.shape[-1] if need_x2 else 0,
+            gw.shape[-1] if need_w else 0,
+            int(f1 != 1),
+            int(f2 != 1),
+            f1,
+            f2,
+            F,
+            CONV=conv,
+            NEED_G1=need_x1 and not conv,
+            NEED_G2=need_x2,
+            NEED_GW=need_w,
+            REDUCE_G2=reduce_g2,
+            BLOCK_F=eblock,
+            DT=_DT[dt],
+            num_warps=max(1, eblock // 32),
         )
     if need_x1 and conv and x1.shape[0] and F:
         mod.tp_bwd_x1_csr[(x1.shape[0], triton.cdiv(F, block))](
-            go, x2, w, g1, srowptr, perm, receivers,
-            go.shape[1], x2.shape[1], w_row, g1.shape[1], int(f2 != 1), f2, F,
-            BLOCK_F=block, DT=_DT[dt], num_warps=warps,
+            go,
+            x2,
+            w,
+            g1,
+            srowptr,
+            perm,
+            receivers,
+            go.shape[1],
+            x2.shape[1],
+            w_row,
+            g1.shape[1],
+            int(f2 != 1),
+            f2,
+            F,
+            BLOCK_F=block,
+            DT=_DT[dt],
+            num_warps=warps,
         )
     elif need_x1 and conv:
         g1.zero_()
@@ -245,8 +311,6 @@ def _tp_bwd_backward(ctx, gg1, gg2, ggw):
 tp_bwd.register_autograd(_tp_bwd_backward, setup_context=_tp_bwd_setup)
 
 
-
-
 def tensor_product(tp, x1: Tensor, x2: Tensor, w: Tensor, receivers: Optional[Tensor], senders: Optional[Tensor], csr=None) -> Tensor:
     """Triton path of :class:`~flashcart.cartesian.TensorProduct` (shapes checked by the caller)."""
     key = product_key(tp.in1_l_max, tp.in2_l_max, tp.out_l_max, tp.symmetric, tp.reduce_paths)
@@ -302,9 +366,7 @@ def expansion_second(u: Tensor, g: Tensor, v: Tensor, l_max: int) -> tuple[Tenso
     dg = torch.empty_like(g)
     du = torch.empty_like(u)
     if u.shape[0]:
-        expansion_module(l_max).expansion_second[_rows_grid(u.shape[0])](
-            u, g, v, dg, du, u.shape[0], BLOCK=_ROWS, DT=_DT[u.dtype]
-        )
+        expansion_module(l_max).expansion_second[_rows_grid(u.shape[0])](u, g, v, dg, du, u.shape[0], BLOCK=_ROWS, DT=_DT[u.dtype])
     return dg, du
 
 
@@ -364,9 +426,20 @@ def _launch_grouped(a: Tensor, b: Tensor, c: Tensor, table: Tensor, key: str, ki
     if tiles == 0:
         return
     grouped_matmul[(tiles, split)](
-        a, b, c, table[kind], n_rows, c.shape[-1] if split > 1 else 0,
-        N_GROUPS=table.shape[1], NCOL=N_COLS, BM=_BM, BN=_BN, BK=_BK,
-        USE_DOT=c.dtype != torch.float64 or not c.is_cuda, SPLIT=split, num_warps=4,
+        a,
+        b,
+        c,
+        table[kind],
+        n_rows,
+        c.shape[-1] if split > 1 else 0,
+        N_GROUPS=table.shape[1],
+        NCOL=N_COLS,
+        BM=_BM,
+        BN=_BN,
+        BK=_BK,
+        USE_DOT=c.dtype != torch.float64 or not c.is_cuda,
+        SPLIT=split,
+        num_warps=4,
     )
 
 
@@ -386,7 +459,7 @@ def lin_fwd(x: Tensor, w: Tensor, table: Tensor, key: str) -> Tensor:
     n = x.shape[0]
     y = torch.empty(n, s.out_width, dtype=x.dtype, device=x.device)
     if s.n_mixed <= s.out_l_max:
-        y[:, s.out_off[s.n_mixed]:].zero_()
+        y[:, s.out_off[s.n_mixed] :].zero_()
     _launch_grouped(x, w, y, table, key, FWD, n)
     return y
 
@@ -404,7 +477,7 @@ def lin_bwd_x(gy: Tensor, w: Tensor, table: Tensor, key: str) -> Tensor:
     n = gy.shape[0]
     gx = torch.empty(n, s.in_width, dtype=gy.dtype, device=gy.device)
     if s.n_mixed <= s.in_l_max:
-        gx[:, s.in_off[s.n_mixed]:].zero_()
+        gx[:, s.in_off[s.n_mixed] :].zero_()
     _launch_grouped(gy, w, gx, table, key, BWD_X, n)
     return gx
 
@@ -442,8 +515,7 @@ def _lin_fwd_setup(ctx, inputs, output):
 def _lin_fwd_backward(ctx, gy):
     x, w, table = ctx.saved_tensors
     need = ctx.needs_input_grad
-    return (lin_bwd_x(gy, w, table, ctx.key) if need[0] else None,
-            lin_bwd_w(gy, x, table, ctx.key) if need[1] else None, None, None)
+    return (lin_bwd_x(gy, w, table, ctx.key) if need[0] else None, lin_bwd_w(gy, x, table, ctx.key) if need[1] else None, None, None)
 
 
 def _lin_bx_setup(ctx, inputs, output):
@@ -456,8 +528,7 @@ def _lin_bx_backward(ctx, g):
     # <g, gy @ W>: d gy = g @ W^T (lin_fwd), d W = lin_bwd_w(gy, g)
     gy, w, table = ctx.saved_tensors
     need = ctx.needs_input_grad
-    return (lin_fwd(g, w, table, ctx.key) if need[0] else None,
-            lin_bwd_w(gy, g, table, ctx.key) if need[1] else None, None, None)
+    return (lin_fwd(g, w, table, ctx.key) if need[0] else None, lin_bwd_w(gy, g, table, ctx.key) if need[1] else None, None, None)
 
 
 def _lin_bw_setup(ctx, inputs, output):
@@ -470,8 +541,7 @@ def _lin_bw_backward(ctx, g):
     # <g, gy^T x>: d gy = x @ g^T (lin_fwd(x, g)), d x = gy @ g (lin_bwd_x(gy, g))
     gy, x, table = ctx.saved_tensors
     need = ctx.needs_input_grad
-    return (lin_fwd(x, g, table, ctx.key) if need[0] else None,
-            lin_bwd_x(gy, g, table, ctx.key) if need[1] else None, None, None)
+    return (lin_fwd(x, g, table, ctx.key) if need[0] else None, lin_bwd_x(gy, g, table, ctx.key) if need[1] else None, None, None)
 
 
 lin_fwd.register_autograd(_lin_fwd_backward, setup_context=_lin_fwd_setup)
@@ -509,16 +579,19 @@ def _eager_function(name: str, impl, setup, backward):
                 return impl(*args)
         return impl(*args)
 
-    return type(f"flashcart_{name}", (torch.autograd.Function,), {
-        "forward": staticmethod(forward),
-        "setup_context": staticmethod(setup_context),
-        "backward": staticmethod(backward),
-    })
+    return type(
+        f"flashcart_{name}",
+        (torch.autograd.Function,),
+        {
+            "forward": staticmethod(forward),
+            "setup_context": staticmethod(setup_context),
+            "backward": staticmethod(backward),
+        },
+    )
 
 
 def _eager_ok(first: Tensor) -> bool:
-    return (type(first) is torch.Tensor and not torch.compiler.is_compiling()
-            and torch._C._len_torch_dispatch_stack() == 0)
+    return type(first) is torch.Tensor and not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack() == 0
 
 
 def _dispatching(name: str, op, fn):
