@@ -16,7 +16,12 @@ import flashcart
 from ..utils.io import atomic_write
 from .potential import MODEL_KEYS, FlashCartPotential
 
-__all__ = ["save_checkpoint", "load_checkpoint", "CheckpointError"]
+__all__ = ["save_checkpoint", "load_checkpoint", "CheckpointError", "CHECKPOINT_FORMAT"]
+
+# Format 2: the published architecture (parameters.md). Format 1 held the earlier layer
+# internals, whose tensors do not map onto these: such checkpoints are refused by name.
+CHECKPOINT_FORMAT = "flashcart-checkpoint-2"
+_OLD_FORMATS = ("flashcart-checkpoint-1",)
 
 
 class CheckpointError(ValueError):
@@ -32,7 +37,7 @@ def save_checkpoint(
     """Write ``directory/model.pt`` (and ``config.yaml`` when given), atomically."""
     directory = Path(directory)
     payload = {
-        "format": "flashcart-checkpoint-1",
+        "format": CHECKPOINT_FORMAT,
         "version": flashcart.__version__,
         "elements": model.elements,
         "model_options": {k: model.options[k] for k in MODEL_KEYS},
@@ -55,7 +60,13 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         payload = torch.load(file, map_location=map_location, weights_only=True)
     except Exception as err:
         raise CheckpointError(f"{file}: cannot be read as a FlashCart checkpoint ({type(err).__name__}: {err})") from None
-    if not isinstance(payload, dict) or payload.get("format") != "flashcart-checkpoint-1":
+    if isinstance(payload, dict) and payload.get("format") in _OLD_FORMATS:
+        raise CheckpointError(
+            f"{file}: written by an older FlashCart architecture (format {payload['format']!r}, FlashCart "
+            f"{payload.get('version', '?')}), whose layers differ from the published architecture this version "
+            "implements; its weights cannot be used. Retrain with this version (the same configuration works)."
+        )
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{file}: not a FlashCart checkpoint (missing format tag)")
     model = FlashCartPotential(payload["elements"], **payload["model_options"])
     stored = [v.dtype for k, v in payload["state_dict"].items() if v.is_floating_point() and k.endswith("weight")]

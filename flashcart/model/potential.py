@@ -98,16 +98,19 @@ class FlashCartPotential(torch.nn.Module):
         self.gates = torch.nn.ModuleList()
         self.products = torch.nn.ModuleList()
         n_layers = o["n_interactions"]
+        # with a product following, the interaction and gate carry the edge ranks 0..Le and the
+        # product truncates to 0..L (parameters.md); without one they carry 0..L
+        l_a = Le if o["correlation"] > 1 else L
         for k in range(n_layers):
             last = k == n_layers - 1
             l_in = 0 if k == 0 else L
             self.interactions.append(
-                Interaction(l_in, L, Le, F, o["n_radial"], o["hidden_radial"], avg_neighbors, el_feats, o["layer_norm"], backend)
+                Interaction(l_in, l_a, Le, F, o["n_radial"], o["hidden_radial"], avg_neighbors, el_feats, o["layer_norm"], backend)
             )
-            self.gates.append(Gate(L, F, o["gate_activation"], o["gate_bias"], backend) if o["nonlinearity"] else torch.nn.Identity())
+            self.gates.append(Gate(l_a, F, o["gate_activation"], o["gate_bias"], backend) if o["nonlinearity"] else torch.nn.Identity())
             self.products.append(
                 ProductBlock(
-                    L,
+                    l_a,
                     0 if last else L,
                     F,
                     o["correlation"],
@@ -118,7 +121,7 @@ class FlashCartPotential(torch.nn.Module):
                     backend,
                 )
             )
-        self.readout = MLP(n_layers * F, o["hidden_readout"], 1)
+        self.readout = MLP(n_layers * F, o["hidden_readout"], 1, bias=False)
         self.register_buffer("atomic_shifts", torch.zeros(n_el, dtype=torch.float64))
         self.register_buffer("scale", torch.ones(n_el, dtype=torch.float64))
         self.register_buffer("avg_neighbors", torch.tensor(float(avg_neighbors), dtype=torch.float64))

@@ -1,7 +1,11 @@
 """Equivariant layers of the FlashCart potential: interaction, gate, product, RMS norm.
 
-Features use the standard layout (rank blocks ``(2l+1, F)``). Shapes: nodes ``n``,
-edges ``E``, channels ``F``.
+The tensors of each block are those of the published models (``docs/architecture.md``
+lists them; ``tests/model/test_architecture.py`` checks three models tensor for tensor).
+Features use the standard layout (rank blocks ``(2l+1, F)``, ranks ascending). Shapes:
+nodes ``n``, edges ``E``, channels ``F``. Per layer the order is interaction -> gate ->
+product; with a product following, the interaction and the gate carry ranks
+``0..l_max_edge_attrs`` and the product truncates its output to ``l_max_hidden_feats``.
 """
 
 from __future__ import annotations
@@ -14,16 +18,26 @@ from ..cartesian import EquivariantLinear, TensorProduct
 from ..cartesian._layout import layout_width
 from .radial import MLP
 
-__all__ = ["Interaction", "Gate", "ProductBlock", "RMSNorm"]
+__all__ = ["Interaction", "Gate", "ProductBlock", "RMSNorm", "rank_channel_index"]
 
 _ACTIVATIONS = {"sigmoid": torch.sigmoid, "silu": torch.nn.functional.silu, "tanh": torch.tanh}
+
+
+def rank_channel_index(l_max: int, n_feats: int) -> torch.Tensor:
+    """``[layout_width(l_max, F)]`` int64: column -> ``l * F + f`` (its rank and channel).
+
+    Gathering a ``[(l_max+1) * F]`` vector with it broadcasts a per-(rank, channel) value over
+    the ``2l+1`` components of each rank.
+    """
+    return torch.cat([l * n_feats + torch.arange(n_feats).repeat(2 * l + 1) for l in range(l_max + 1)])
 
 
 class RMSNorm(torch.nn.Module):
     """Divide features by ``sqrt(mean_l mean_f I_lf + eps)`` with ``I_lf`` the (l,l)->0 invariants.
 
     The invariants are the path-resolved rank-0 output of a symmetric product of the
-    features with themselves; optional learnable per-rank gains.
+    features with themselves. Optional learnable gains, one per rank and channel
+    (``gains[l]: [F]``). ``forward(x: [n, W]) -> [n, W]``.
     """
 
     def __init__(self, l_max: int, n_feats: int, gains: bool = True, eps: float = 1e-6, backend: str = "auto"):
@@ -31,30 +45,36 @@ class RMSNorm(torch.nn.Module):
         self.l_max, self.F, self.eps = l_max, n_feats, eps
         self.invariants = TensorProduct(l_max, l_max, 0, n_feats, n_feats, symmetric=True, shared_weights=True, backend=backend)
         self.register_buffer("ones", torch.ones(self.invariants.weight_numel), persistent=False)
-        self.gains = torch.nn.Parameter(torch.ones(l_max + 1)) if gains else None
-        ranks = torch.cat([torch.full(((2 * l + 1) * n_feats,), l) for l in range(l_max + 1)])
-        self.register_buffer("rank_of_column", ranks, persistent=False)
+        self.gains = torch.nn.ParameterList([torch.nn.Parameter(torch.ones(n_feats)) for _ in range(l_max + 1)]) if gains else None
+        self.register_buffer("gain_index", rank_channel_index(l_max, n_feats), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         inv = self.invariants(x, x, self.ones.to(x.dtype))  # [n, (l_max+1) * F]
         scale = torch.rsqrt(inv.mean(dim=1, keepdim=True).abs() + self.eps)
         y = x * scale
         if self.gains is not None:
-            y = y * self.gains[self.rank_of_column]
+            y = y * torch.cat(list(self.gains)).index_select(0, self.gain_index)
         return y
 
 
 class Interaction(torch.nn.Module):
-    """Message passing: linear -> convolution product with edge attributes -> linear + skip.
+    """Message passing: linear -> convolution product with edge attributes -> linear + residual.
+
+    Node ranks ``0..l_in`` times edge ranks ``0..l_edge`` -> ranks ``0..l_out`` (every
+    natural-parity path), one radial weight per path and channel from a bias-free MLP,
+    summed at receivers and divided by ``sqrt(avg_neighbors)``; a per-rank
+    ``(paths_l F) -> F`` linear mixes paths and channels; a per-rank ``F x F`` residual of
+    the input is added to the matching output ranks; optional RMS norm with per-(rank,
+    channel) gains.
 
     ``forward(x [n, W_in], attrs [E, (l_edge+1)^2], radial [E, n_radial], receivers, senders,
-    csr, node_embed [n, F_e] | None) -> [n, W_hidden]``.
+    csr, node_embed [n, F_e] | None) -> [n, layout_width(l_out, F)]``.
     """
 
     def __init__(
         self,
         l_in: int,
-        l_hidden: int,
+        l_out: int,
         l_edge: int,
         F: int,
         n_radial: int,
@@ -66,14 +86,14 @@ class Interaction(torch.nn.Module):
     ):
         super().__init__()
         self.linear_in = EquivariantLinear(l_in, l_in, F, F, backend=backend)
-        self.tp = TensorProduct(l_in, l_edge, l_hidden, F, 1, backend=backend)
+        self.tp = TensorProduct(l_in, l_edge, l_out, F, 1, backend=backend)
         self.element_features = element_features
         n_in = n_radial + (2 * element_features if element_features else 0)
         self.radial = MLP(n_in, hidden_radial, self.tp.weight_numel, bias=False)
-        self.linear_out = EquivariantLinear(l_hidden, l_hidden, F, F, in_paths=self.tp.n_paths_per_rank, backend=backend)
-        self.skip = EquivariantLinear(l_in, l_hidden, F, F, backend=backend)
+        self.linear_out = EquivariantLinear(l_out, l_out, F, F, in_paths=self.tp.n_paths_per_rank, backend=backend)
+        self.skip = EquivariantLinear(l_in, l_out, F, F, backend=backend)
         self.register_buffer("inv_sqrt_avg_neighbors", torch.tensor(1.0 / math.sqrt(avg_neighbors)))
-        self.norm = RMSNorm(l_hidden, F, backend=backend) if layer_norm else None
+        self.norm = RMSNorm(l_out, F, backend=backend) if layer_norm else None
 
     def forward(self, x, attrs, radial, receivers, senders, csr, node_embed=None):
         if self.element_features:
@@ -89,40 +109,54 @@ class Interaction(torch.nn.Module):
 class Gate(torch.nn.Module):
     """Gated nonlinearity with a zero-initialised output projection (identity at init).
 
-    Gates are computed from the scalar channels (invariant under proper and improper
-    rotations) and multiply every component of each rank: ``y = x + P(g(x) * x)``.
+    ``y = x + P(act(G x_0 + b) * V x)``: ``V`` a per-rank ``F x F`` value linear, ``G`` a
+    ``F -> (l_max+1) F`` linear (with the model's only bias) on the scalar channels, whose
+    gates (invariant under proper and improper rotations) multiply every component of
+    their rank and channel, ``P`` a per-rank ``F x F`` output linear initialised to zero.
+    ``forward(x: [n, W]) -> [n, W]``.
     """
 
     def __init__(self, l_max: int, F: int, activation: str = "sigmoid", bias: bool = True, backend: str = "auto"):
         super().__init__()
         self.l_max, self.F = l_max, F
         self.act = _ACTIVATIONS[activation]
+        self.value = EquivariantLinear(l_max, l_max, F, F, backend=backend)
         self.gates = torch.nn.Linear(F, (l_max + 1) * F, bias=bias)
         self.proj = EquivariantLinear(l_max, l_max, F, F, backend=backend)
         for w in self.proj.weights:
             torch.nn.init.zeros_(w)
-        reps = torch.cat([torch.full(((2 * l + 1) * F,), l * F) + torch.arange(F).repeat(2 * l + 1) for l in range(l_max + 1)])
-        self.register_buffer("gate_index", reps, persistent=False)
+        self.register_buffer("gate_index", rank_channel_index(l_max, F), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         g = self.act(self.gates(x[:, : self.F]))  # [n, (l_max+1) F]
-        return x + self.proj(x * g[:, self.gate_index])
+        return x + self.proj(self.value(x) * g.index_select(1, self.gate_index))
 
 
 class ProductBlock(torch.nn.Module):
-    """Raise the body order: ``P_k = TP(P_{k-1}, A)``, ``k = 1..correlation-1``, ``P_0 = A``.
+    """Raise the body order with repeated products of the aggregated features ``A``.
 
-    Each step has learnable per-path weights (per element unless element-agnostic). Full
-    variant: every step is mixed back to ``F`` channels by its own linear and added to the
-    output. Path-reduced variant: paths of each rank are summed and scaled by
-    ``n_paths^-1/2``, and one final linear mixes the sum of the steps. Plus a linear skip of
-    ``A`` and an optional RMS norm. ``out_l_max=0`` for the last layer.
+    ``A`` carries ranks ``0..l_in``; the output ranks ``0..l_out`` (``0`` in the last layer).
+    Step 0 maps ``A`` to ``P_0`` (ranks ``0..l_in``); step ``k = 1..correlation-1`` is
+    ``P_k = mix_k(TP(P_{k-1}, A))``, into ranks ``0..l_in`` except the last step, which
+    goes straight to ``0..l_out``. Every ``P_k`` (truncated to ``0..l_out``) is added to the
+    result, plus a per-rank linear skip of ``A``; optional RMS norm with per-(rank, channel)
+    gains.
+
+    * Full (``path_reduced=False``): step 0 is a per-rank ``F x F`` linear, ``mix_k`` a
+      per-rank ``(paths_l F) -> F`` linear of the path-resolved product.
+    * Path-reduced: step 0 multiplies ``A`` by one weight per (rank, channel); the products
+      carry one weight per (path, channel), their paths of each rank are summed and scaled
+      by ``n_paths_l^-1/2``; one final per-rank ``F x F`` linear mixes the summed steps.
+
+    ``element_agnostic=False`` gives the products' per-(path, channel) weights one row per
+    element (full variant: such weights are added, the agnostic full product has none).
+    ``forward(a: [n, layout_width(l_in, F)], types: [n]) -> [n, layout_width(l_out, F)]``.
     """
 
     def __init__(
         self,
-        l_max: int,
-        out_l_max: int,
+        l_in: int,
+        l_out: int,
         F: int,
         correlation: int,
         path_reduced: bool,
@@ -133,38 +167,57 @@ class ProductBlock(torch.nn.Module):
     ):
         super().__init__()
         self.path_reduced, self.element_agnostic = path_reduced, element_agnostic
-        self.steps = torch.nn.ModuleList()
-        self.mix = torch.nn.ModuleList()
-        self.path_weights = torch.nn.ParameterList()
-        for _ in range(correlation - 1):
-            tp = TensorProduct(l_max, l_max, l_max, F, F, shared_weights=element_agnostic, reduce_paths=path_reduced, backend=backend)
+        self.out_width = layout_width(l_out, F)
+        self.skip = EquivariantLinear(l_in, l_out, F, F, backend=backend)
+        self.norm = RMSNorm(l_out, F, backend=backend) if layer_norm else None
+        self.steps = torch.nn.ModuleList()  # the products of steps 1..correlation-1
+        self.mix = torch.nn.ModuleList()  # full: step 0 linear, then one per product
+        self.path_weights = torch.nn.ParameterList()  # per-(path, channel) weights of the products
+        n_steps = correlation - 1
+        if path_reduced:
+            self.final = EquivariantLinear(l_out, l_out, F, F, backend=backend)
+            self.first_weights = torch.nn.Parameter(torch.ones((l_in + 1) * F))
+            self.register_buffer("first_index", rank_channel_index(l_in, F), persistent=False)
+        elif n_steps:
+            self.mix.append(EquivariantLinear(l_in, l_in, F, F, backend=backend))
+        weighted = path_reduced or not element_agnostic
+        for k in range(n_steps):
+            l_k = l_out if k == n_steps - 1 else l_in
+            tp = TensorProduct(l_in, l_in, l_k, F, F, shared_weights=element_agnostic, reduce_paths=path_reduced, backend=backend)
             self.steps.append(tp)
-            rows = 1 if element_agnostic else n_elements
-            self.path_weights.append(torch.nn.Parameter(torch.randn(rows, tp.weight_numel)))
-            if not path_reduced:
-                self.mix.append(EquivariantLinear(l_max, l_max, F, F, in_paths=tp.n_paths_per_rank, backend=backend))
-        if path_reduced and self.steps:
-            scales = torch.cat(
-                [torch.full(((2 * l + 1) * F,), p**-0.5 if p else 0.0) for l, p in enumerate(self.steps[0].n_paths_per_rank)]
-            )
-            self.register_buffer("path_scale", scales, persistent=False)
-            self.final = EquivariantLinear(l_max, l_max, F, F, backend=backend)
-        self.skip = EquivariantLinear(l_max, out_l_max, F, F, backend=backend)
-        self.out_width = layout_width(out_l_max, F)
-        self.norm = RMSNorm(out_l_max, F, backend=backend) if layer_norm else None
+            if weighted:
+                shape = (tp.weight_numel,) if element_agnostic else (n_elements, tp.weight_numel)
+                self.path_weights.append(torch.nn.Parameter(torch.randn(shape)))
+            else:
+                self.register_buffer(f"unit_weights_{k}", torch.ones(tp.weight_numel), persistent=False)
+            if path_reduced:
+                scales = torch.cat([torch.full(((2 * l + 1) * F,), p**-0.5 if p else 0.0) for l, p in enumerate(tp.n_paths_per_rank)])
+                self.register_buffer(f"path_scale_{k}", scales, persistent=False)
+            else:
+                self.mix.append(EquivariantLinear(l_k, l_k, F, F, in_paths=tp.n_paths_per_rank, backend=backend))
+
+    def _weights(self, k: int, types: torch.Tensor) -> torch.Tensor:
+        if not self.path_weights:
+            return getattr(self, f"unit_weights_{k}")
+        w = self.path_weights[k]
+        return w if self.element_agnostic else w.index_select(0, types)
 
     def forward(self, a: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
-        p, total = a, None
+        ow = self.out_width
+        if not self.steps:
+            out = self.skip(a)
+            return self.norm(out) if self.norm is not None else out
+        if self.path_reduced:
+            p = a * self.first_weights.index_select(0, self.first_index)
+        else:
+            p = self.mix[0](a)
+        total = p[:, :ow]
         for k, tp in enumerate(self.steps):
-            w = self.path_weights[k][0] if self.element_agnostic else self.path_weights[k][types]
-            p = tp(p, a, w)
+            p = tp(p, a, self._weights(k, types).to(a.dtype))
             if self.path_reduced:
-                p = p * self.path_scale.to(p.dtype)
+                p = p * getattr(self, f"path_scale_{k}").to(p.dtype)
             else:
-                p = self.mix[k](p)
-            total = p if total is None else total + p
-        out = self.skip(a)
-        if total is not None:
-            extra = self.final(total) if self.path_reduced else total
-            out = out + extra[:, : self.out_width]
+                p = self.mix[k + 1](p)
+            total = total + p[:, :ow]
+        out = self.skip(a) + (self.final(total) if self.path_reduced else total)
         return self.norm(out) if self.norm is not None else out
