@@ -121,7 +121,13 @@ def train(cfg: dict[str, Any], progress: bool = True) -> Path:
         except Exception as err:
             raise TrainingError(f"{state_file}: cannot be read ({err}); remove {out / 'log'} to start over") from None
         model = FlashCartPotential.from_config(cfg)
-        model.load_state_dict(state["model"])
+        try:
+            model.load_state_dict(state["model"])
+        except RuntimeError:
+            raise TrainingError(
+                f"{state_file}: its weights do not fit this version's architecture (a run of an older FlashCart "
+                f"architecture?); use a new output_path or remove {out / 'log'} to start over"
+            ) from None
         log.info(f"resuming from {out / 'log'} after epoch {state['epoch']}")
     else:
         model = FlashCartPotential.from_config(cfg)
