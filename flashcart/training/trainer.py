@@ -29,6 +29,8 @@ from ..model.predictor import Predictor
 from ..model.prefit import prefit
 from ..utils.device import resolve_device, resolve_dtype
 from ..utils.io import atomic_write, atomic_write_text
+from . import distributed
+from .distributed import Context
 from .losses import Metrics, loss_value, required_properties
 from .optim import EMA, build_optimizers, wsd_factor
 
@@ -65,12 +67,25 @@ def _read(cfg: dict[str, Any], key: str, progress: bool):
     return read_structures(cfg[key], cfg["r_max"], cfg["energy_key"], cfg["forces_key"], cfg["stress_key"], progress)
 
 
-def _evaluate(predictor: Predictor, loader, metrics: Metrics, props: set[str], device, dtype) -> dict[str, float]:
+def _evaluate(
+    predictor: Predictor, loader, metrics: Metrics, props: set[str], device, dtype, ctx: Context = distributed.SINGLE
+) -> dict[str, float]:
+    """Metrics over the loader's batches; with several ranks, over every rank's batches."""
     for batch in loader:
         b = batch.to(device, dtype)
         pred = predictor(b, forces="forces" in props, stress="stress" in props)
         metrics.update(pred, b)
+    distributed.gather_metrics(metrics, ctx)
     return metrics.compute()
+
+
+def _silent_logger() -> logging.Logger:
+    """The logger of ranks other than 0: only rank 0 writes train.log and prints."""
+    logger = logging.getLogger("flashcart.silent-rank")
+    logger.propagate = False
+    if not logger.handlers:
+        logger.addHandler(logging.NullHandler())
+    return logger
 
 
 class _MetricsFile:
@@ -93,34 +108,64 @@ class _MetricsFile:
 
 
 def train(cfg: dict[str, Any], progress: bool = True) -> Path:
-    """Train according to a merged configuration; returns the run directory."""
+    """Train according to a merged configuration; returns the run directory.
+
+    With ``devices x n_nodes`` above one (``strategy: ddp``, or ``auto`` with several
+    devices) training is data-parallel (:mod:`flashcart.training.distributed`): this call
+    spawns one process per device, or, inside ``torchrun``, is one of its processes.
+    ``train_batch_size`` is per process; N processes equal one process with N times the batch.
+    """
     require(cfg, ["train_path", "output_path"], "flashcart-train")
+    world = distributed.world_size(cfg)
+    if world == 1:
+        return _train(cfg, progress, distributed.SINGLE)
+    if distributed.under_torchrun():
+        return _ddp_worker(cfg, progress)
+    distributed.spawn(_ddp_worker, world, cfg, progress)
+    return Path(cfg["output_path"])
+
+
+def _ddp_worker(cfg: dict[str, Any], progress: bool) -> Path:
+    """One data-parallel process: join the group, train, leave the group."""
+    ctx = distributed.init_from_env(cfg)
+    try:
+        return _train(cfg, progress and ctx.is_main, ctx)
+    finally:
+        distributed.shutdown()
+
+
+def _train(cfg: dict[str, Any], progress: bool, ctx: Context) -> Path:
     out = Path(cfg["output_path"])
-    out.mkdir(parents=True, exist_ok=True)
-    log = setup_logger(out / "train.log")
-    device, dtype = resolve_device(cfg["device"]), resolve_dtype(cfg["precision"])
+    if ctx.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+    log = setup_logger(out / "train.log") if ctx.is_main else _silent_logger()
+    device = ctx.device if ctx.distributed else resolve_device(cfg["device"])
+    dtype = resolve_dtype(cfg["precision"])
     torch.manual_seed(cfg["model_seed"])
     state_file = out / "log" / "training_state.pt"
-    resuming = state_file.exists()
+    resuming = ctx.broadcast(state_file.exists())
 
     train_set = _read(cfg, "train_path", progress)
-    if cfg["elements"] is None:
-        cfg = {**cfg, "elements": infer_elements(train_set)}
-    for sym in cfg["elements"]:
+    elements = cfg["elements"] or infer_elements(train_set)
+    for sym in elements:
         if sym not in atomic_numbers:
             raise ConfigError(f"elements: unknown chemical symbol {sym!r}")
+    record = {**cfg, "elements": elements}  # what config.yaml and the checkpoints record
     valid_set = _read(cfg, "valid_path", progress) if cfg["valid_path"] else None
 
-    if resuming:
+    state = None
+    if resuming and ctx.is_main:
         saved = yaml.safe_load((out / "config.yaml").read_text())
-        changed = [k for k in (*MODEL_KEYS, "elements") if saved.get(k) != cfg.get(k)]
+        changed = [k for k in (*MODEL_KEYS, "elements") if saved.get(k) != record.get(k)]
         if changed:
             raise TrainingError(f"{out} holds a run with different model settings {changed}; use a new output_path")
         try:
             state = torch.load(state_file, weights_only=False)
         except Exception as err:
             raise TrainingError(f"{state_file}: cannot be read ({err}); remove {out / 'log'} to start over") from None
-        model = FlashCartPotential.from_config(cfg)
+    if resuming:
+        state = ctx.broadcast(state)
+        model = FlashCartPotential.from_config(cfg, elements=elements)
         try:
             model.load_state_dict(state["model"])
         except RuntimeError:
@@ -130,19 +175,21 @@ def train(cfg: dict[str, Any], progress: bool = True) -> Path:
             ) from None
         log.info(f"resuming from {out / 'log'} after epoch {state['epoch']}")
     else:
-        model = FlashCartPotential.from_config(cfg)
-        fitted = prefit(model, train_set, cfg["atomic_shifts"], cfg["fit_atomic_shifts"])
-        log.info(f"pre-fit: {fitted}")
-        dump_config(cfg, out / "config.yaml")
-        state = None
+        model = FlashCartPotential.from_config(cfg, elements=elements)
+        if ctx.is_main:  # the pre-fit runs once; the other ranks take its values below
+            fitted = prefit(model, train_set, cfg["atomic_shifts"], cfg["fit_atomic_shifts"])
+            log.info(f"pre-fit: {fitted}")
+            dump_config(record, out / "config.yaml")
+        ctx.broadcast_module(model)
     model.to(device=device, dtype=dtype)
     n_params = sum(p.numel() for p in model.parameters())
-    log.info(f"model: {n_params} parameters, elements {model.elements}, device {device}, dtype {dtype}")
+    log.info(f"model: {n_params} parameters, elements {model.elements}, device {device}, dtype {dtype}, processes {ctx.world_size}")
 
     opts = build_optimizers(model, cfg)
     ema = EMA(model, cfg["ema_decay"])
     eval_model = _twin(model)
-    predictor, eval_predictor = Predictor.from_config(model, cfg), Predictor.from_config(eval_model, cfg)
+    net = distributed.wrap(model, ctx)  # averages gradients over ranks
+    predictor, eval_predictor = Predictor.from_config(net, cfg), Predictor.from_config(eval_model, cfg)
     train_props = required_properties(cfg["train_loss"])
     eval_props = required_properties(cfg["early_stopping_loss"], *cfg["valid_losses"].values())
     loader = BatchLoader(
@@ -153,8 +200,22 @@ def train(cfg: dict[str, Any], progress: bool = True) -> Path:
         shuffle=True,
         seed=cfg["data_seed"],
         drop_last=cfg["drop_last"],
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        n_workers=cfg["n_workers"],
     )
-    valid_loader = BatchLoader(valid_set, cfg["eval_batch_size"], model.z_to_type.cpu(), cfg["dynamic_batching"]) if valid_set else None
+    valid_loader = None
+    if valid_set:
+        valid_loader = BatchLoader(
+            valid_set,
+            cfg["eval_batch_size"],
+            model.z_to_type.cpu(),
+            cfg["dynamic_batching"],
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            equal_steps=False,
+            n_workers=cfg["n_workers"],
+        )
     start_epoch, best = 0, float("inf")
     if state is not None:
         for opt, s in zip(opts, state["optimizers"]):
@@ -162,7 +223,7 @@ def train(cfg: dict[str, Any], progress: bool = True) -> Path:
         ema.load_state_dict(state["ema"])
         start_epoch, best = state["epoch"], state["best"]
         torch.set_rng_state(state["rng"])
-    metrics_file = _MetricsFile(out / "metrics.csv", start_epoch)
+    metrics_file = _MetricsFile(out / "metrics.csv", start_epoch) if ctx.is_main else None
     base_lrs = [[g["lr"] for g in o.param_groups] for o in opts]
     if state is not None:
         base_lrs = state["base_lrs"]
@@ -175,12 +236,21 @@ def train(cfg: dict[str, Any], progress: bool = True) -> Path:
         loader.set_epoch(epoch)
         t0 = time.perf_counter()
         model.train()
-        total, count = 0.0, 0
+        total, count, stats = 0.0, 0, []
+        # item counts of each step's global batch (all ranks), for the loss normalisation
+        steps = loader.steps()  # this epoch's batches of every rank (also sets loader.dropped)
+        counts = [distributed.step_counts([train_set[i] for b in step for i in b]) for step in steps] if ctx.distributed else []
+        if loader.dropped:
+            log.info(f"epoch {epoch + 1}: drop_last leaves out {loader.dropped} structures")
         bar = tqdm(loader, desc=f"epoch {epoch + 1}/{cfg['max_epochs']}", disable=not progress, leave=False)
         for k, batch in enumerate(bar):
             b = batch.to(device, dtype)
             pred = predictor(b, forces="forces" in train_props, stress="stress" in train_props, create_graph=True)
-            loss = loss_value(cfg["train_loss"], pred, b)
+            if ctx.distributed:
+                loss, step_stats = distributed.global_loss(cfg["train_loss"], pred, b, counts[k], ctx)
+                stats.append(step_stats)
+            else:
+                loss = loss_value(cfg["train_loss"], pred, b)
             if not torch.isfinite(loss):
                 raise TrainingError(
                     f"non-finite training loss ({float(loss)}) at epoch {epoch + 1}, batch {k + 1}; "
@@ -194,30 +264,32 @@ def train(cfg: dict[str, Any], progress: bool = True) -> Path:
             for opt in opts:
                 opt.step()
             ema.update(model)
-            total += float(loss.detach())
+            total += float(loss.detach()) / ctx.world_size  # this rank's share (progress bar only)
             count += 1
             bar.set_postfix(loss=f"{total / count:.4g}")
         row: dict[str, Any] = {
             "epoch": epoch + 1,
             "time": round(time.perf_counter() - t0, 3),
             "lr": cfg["lr"] * factor,
-            "train_loss": total / max(count, 1),
+            "train_loss": distributed.epoch_loss(cfg["train_loss"], stats, counts, ctx) if ctx.distributed else total / max(count, 1),
         }
         last = epoch + 1 == cfg["max_epochs"]
         if valid_loader is not None and ((epoch + 1) % cfg["validate_every"] == 0 or last):
             eval_model.load_state_dict(ema.state_dict())
             losses = {**cfg["valid_losses"], "early_stopping": cfg["early_stopping_loss"]}
-            values = _evaluate(eval_predictor, valid_loader, Metrics(losses), eval_props, device, dtype)
+            values = _evaluate(eval_predictor, valid_loader, Metrics(losses), eval_props, device, dtype, ctx)
             row.update({f"valid_{k}": v for k, v in values.items()})
             if values["early_stopping"] < best:
                 best = values["early_stopping"]
-                save_checkpoint(model, out / "best", ema.state_dict(), cfg)
-        elif valid_loader is None:
-            save_checkpoint(model, out / "best", ema.state_dict(), cfg)
-        metrics_file.append(row)
-        log.info(" ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
-        if (epoch + 1) % cfg["save_every"] == 0 or last:
-            _save_state(model, opts, ema, epoch + 1, best, base_lrs, out, cfg)
+                if ctx.is_main:
+                    save_checkpoint(model, out / "best", ema.state_dict(), record)
+        elif valid_loader is None and ctx.is_main:
+            save_checkpoint(model, out / "best", ema.state_dict(), record)
+        if ctx.is_main:  # one writer: rank 0
+            metrics_file.append(row)
+            log.info(" ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
+            if (epoch + 1) % cfg["save_every"] == 0 or last:
+                _save_state(model, opts, ema, epoch + 1, best, base_lrs, out, record)
     log.info(f"done: best/ early-stopping metric {best:.6g}")
     return out
 
