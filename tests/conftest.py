@@ -4,10 +4,50 @@ import pytest
 import torch
 
 
+def _global_torch_state():
+    return (
+        torch.get_default_dtype(),
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        torch.get_float32_matmul_precision(),
+    )
+
+
+def _set_global_torch_state(state):
+    dtype, matmul_tf32, cudnn_tf32, precision = state
+    torch.set_default_dtype(dtype)
+    torch.set_float32_matmul_precision(precision)  # also sets matmul.allow_tf32; restore that after
+    torch.backends.cuda.matmul.allow_tf32 = matmul_tf32
+    torch.backends.cudnn.allow_tf32 = cudnn_tf32
+
+
 @pytest.fixture(autouse=True)
-def _seed_and_dtype():
+def _seed_and_global_state():
+    """Seed every test; put back the default dtype and TF32 flags whatever the test did."""
     torch.manual_seed(0)
+    state = _global_torch_state()
     yield
+    _set_global_torch_state(state)
+
+
+@pytest.fixture
+def float64():
+    """Default dtype float64 for one test (``pytestmark = pytest.mark.usefixtures("float64")``
+    for a module); the previous default comes back afterwards."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield torch.float64
+    torch.set_default_dtype(previous)
+
+
+@pytest.fixture
+def no_tf32():
+    """Full-precision float32 matmuls and convolutions on CUDA for one test; restored afterwards."""
+    state = _global_torch_state()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    _set_global_torch_state(state)
 
 
 def pytest_configure(config):

@@ -1,6 +1,7 @@
 """Pinned values of spec/cartesian.md and the storage conventions."""
 
 import itertools
+from fractions import Fraction
 
 import pytest
 import torch
@@ -18,7 +19,8 @@ from flashcart.cartesian._backend import torch_ops
 
 from .reference import expansion_full, norm_factor, path_full
 
-torch.set_default_dtype(torch.float64)
+# float64 for every test here (tests/conftest.py restores the previous default afterwards)
+pytestmark = pytest.mark.usefixtures("float64")
 
 
 def test_stored_component_order_matches_spec():
@@ -40,13 +42,23 @@ def test_to_full_is_symmetric_traceless_and_inverts_from_full(l):
 
 
 def test_normalization_pinned_values():
-    assert path_normalization(1, 1, 0) == 1
-    assert path_normalization(2, 2, 0) == pytest.approx(2 / 3)
-    assert path_normalization(3, 3, 0) == pytest.approx(2 / 5)
-    assert path_normalization(1, 1, 2) == pytest.approx(3 / 2)
-    for l1, l2, L in itertools.product(range(5), repeat=3):
-        if abs(l1 - l2) <= L <= l1 + l2 and (l1 + l2 + L) % 2 == 0:
-            assert float(path_normalization(l1, l2, L)) == pytest.approx(norm_factor(l1, l2, L))
+    # spec section 3's table, written as the factor in front of the symmetric traceless
+    # projection of the contracted outer product: (1,1)->2 is (3/4)*2*P(a⊗b), (2,2)->2 is 2*P(AB),
+    # (2,1)->3 is (5/9)*3*P(A⊗b) (S sums 3 placements).
+    pinned = {(0, 0, 0): 1, (1, 1, 0): 1, (2, 2, 0): Fraction(2, 3), (3, 3, 0): Fraction(2, 5), (1, 1, 2): Fraction(3, 2)}
+    pinned |= {(2, 2, 2): 2, (2, 1, 3): Fraction(5, 3), (1, 2, 3): Fraction(5, 3)}
+    pinned |= {(l, 0, l): 1 for l in range(5)} | {(0, l, l): 1 for l in range(5)}
+    for path, value in pinned.items():
+        assert path_normalization(*path) == value, path
+
+
+def test_normalization_matches_an_independent_derivation():
+    # reference.norm_factor derives N numerically from full 3^l tensors (normalised paths map
+    # direction expansions to direction expansions), not from the closed formula of _paths.py.
+    paths = [(l1, l2, L) for l1, l2, L in itertools.product(range(5), repeat=3) if abs(l1 - l2) <= L <= l1 + l2 and (l1 + l2 + L) % 2 == 0]
+    assert len(paths) == 42
+    for path in paths:
+        assert path_normalization(*path) == norm_factor(*path), path
 
 
 def _path(l1, l2, L, a, b):

@@ -8,7 +8,8 @@ from flashcart.testing import assert_close, assert_equivariant, random_rotation
 
 from .reference import tensor_product_reference
 
-torch.set_default_dtype(torch.float64)
+# float64 for every test here (tests/conftest.py restores the previous default afterwards)
+pytestmark = pytest.mark.usefixtures("float64")
 
 
 def graph(n_nodes=5, n_edges=12, seed=0):

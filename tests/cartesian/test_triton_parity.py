@@ -168,8 +168,7 @@ def test_triton_gradcheck_and_gradgradcheck(device, dispatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES[:3], ids=str)
-def test_float32_parity_on_gpu(case):
-    torch.backends.cuda.matmul.allow_tf32 = False
+def test_float32_parity_on_gpu(case, no_tf32):
     l1, l2, lo, f1, f2, sym, shared, red = case
     ref, tri = _pair(TensorProduct, l1, l2, lo, f1, f2, shared_weights=shared, reduce_paths=red)
     receivers, senders = _graph(50, 400, "cuda")
