@@ -6,7 +6,9 @@ Errors name the file and key, and suggest the closest known key for typos.
 
 from __future__ import annotations
 
+import copy
 import difflib
+import functools
 import math
 from importlib import resources
 from pathlib import Path
@@ -16,7 +18,17 @@ import yaml
 
 from .schema import LOSS_NORMALIZATIONS, LOSS_PROPERTIES, LOSS_REDUCTIONS, SCHEMA
 
-__all__ = ["ConfigError", "load_config", "default_config", "parse_value", "parse_overrides", "require", "dump_config"]
+__all__ = [
+    "ConfigError",
+    "load_config",
+    "default_config",
+    "parse_value",
+    "parse_overrides",
+    "require",
+    "dump_config",
+    "loss_name",
+    "named_losses",
+]
 
 
 class ConfigError(ValueError):
@@ -28,11 +40,17 @@ def _packaged(name: str) -> dict[str, Any]:
     return yaml.safe_load(text) or {}
 
 
-def default_config() -> dict[str, Any]:
-    """Every key with its packaged default."""
+@functools.lru_cache(maxsize=None)
+def _packaged_defaults() -> dict[str, Any]:
+    """Both packaged YAML files, parsed once per process (callers get deep copies)."""
     cfg = _packaged("default.yaml")
     cfg.update(_packaged("profile.yaml"))
     return cfg
+
+
+def default_config() -> dict[str, Any]:
+    """Every key with its packaged default (a fresh copy: callers may modify it)."""
+    return copy.deepcopy(_packaged_defaults())
 
 
 def parse_value(text: str) -> Any:
@@ -101,6 +119,42 @@ def _check_loss(value: Any, where: str) -> dict[str, Any]:
     return _check_loss_term(value, where, False)
 
 
+def loss_name(loss: dict[str, Any]) -> str:
+    """Metric name of a validated loss: ``{property}_{reduce}``, then ``_per_atom`` or
+    ``_per_sqrt_atom`` for a normalised term (``forces_mae``, ``energy_rmse_per_atom``);
+    a weighted sum joins its weighted terms (with Huber deltas),
+    ``weighted_sum(1*energy_huber_sum_per_atom_delta0.005+0.01*forces_mae)``. A single term's
+    delta is not part of its name (see :func:`named_losses` for duplicates)."""
+    if "weighted_sum" in loss:
+        return "weighted_sum(" + "+".join(f"{t['weight']:g}*{_term_name(t, with_delta=True)}" for t in loss["weighted_sum"]) + ")"
+    return _term_name(loss, with_delta=False)
+
+
+def _term_name(term: dict[str, Any], with_delta: bool) -> str:
+    norm = term.get("normalization", "none")
+    name = f"{term['property']}_{term['reduce']}" + ("" if norm == "none" else f"_{norm}")
+    return f"{name}_delta{term['delta']:g}" if with_delta and "delta" in term else name
+
+
+def named_losses(losses: list[dict[str, Any]], where: str = "valid_losses") -> dict[str, dict[str, Any]]:
+    """Name a list of validated losses (the published package's ``valid_losses`` format).
+
+    Names come from :func:`loss_name`; Huber terms that share a name get their delta appended
+    (``forces_huber_mean_delta0.01``). A loss listed twice is an error (its metric would be
+    reported once under one name).
+    """
+    base = [loss_name(loss) for loss in losses]
+    out: dict[str, dict[str, Any]] = {}
+    for i, (name, loss) in enumerate(zip(base, losses)):
+        if base.count(name) > 1 and "delta" in loss:
+            name = f"{name}_delta{loss['delta']:g}"
+        if name in out:
+            first = list(out).index(name)  # entries are added in list order, one per item
+            raise ConfigError(f"{where}[{i}]: repeats the loss of {where}[{first}] ({name}); list every metric once")
+        out[name] = loss
+    return out
+
+
 def _number(value: Any, where: str, positive: bool) -> float:
     value = _maybe_float(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -157,8 +211,10 @@ def _check(key: str, value: Any, where: str) -> Any:
     if kind == "loss":
         return _check_loss(value, label)
     if kind == "losses":
+        if isinstance(value, list) and value:
+            return named_losses([_check_loss(term, f"{label}[{i}]") for i, term in enumerate(value)], label)
         if not isinstance(value, dict) or not value:
-            raise ConfigError(f"{label} must map metric names to loss terms")
+            raise ConfigError(f"{label} must map metric names to loss terms, or be a list of loss terms, got {value!r}")
         return {str(name): _check_loss(term, f"{label}[{name}]") for name, term in value.items()}
     raise AssertionError(f"unhandled schema kind {kind}")
 

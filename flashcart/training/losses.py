@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+from ..config.loader import named_losses
+
 __all__ = ["errors", "reduce_errors", "loss_value", "Metrics"]
 
 
@@ -75,9 +77,15 @@ def loss_value(loss: dict[str, Any], pred: dict[str, torch.Tensor], batch) -> to
 
 
 class Metrics:
-    """Accumulate errors over batches; evaluate named losses over the whole split."""
+    """Accumulate errors over batches; evaluate named losses over the whole split.
 
-    def __init__(self, losses: dict[str, dict[str, Any]]):
+    ``losses``: a mapping of metric names to validated losses, or a list of validated losses
+    (named by :func:`flashcart.config.loader.named_losses`, e.g. ``forces_mae``).
+    """
+
+    def __init__(self, losses: dict[str, dict[str, Any]] | list[dict[str, Any]]):
+        if isinstance(losses, list):
+            losses = named_losses(losses)
         self.losses = losses
         self.keys = {(t["property"], t["normalization"]) for loss in losses.values() for t in _terms(loss)}
         self.store: dict[tuple[str, str], list[torch.Tensor]] = {k: [] for k in self.keys}
