@@ -107,24 +107,34 @@ def test_padding_and_offsets_options(model):
     assert abs(atoms.get_potential_energy() - (e - float(shifts))) < 1e-9
 
 
-def test_padded_neighbour_list_rebuilds_grow_capacities_only_when_needed(model):
+def test_padded_rebuilds_grow_capacities_with_headroom_only_when_a_list_does_not_fit(model):
     atoms = molecule("CH3CH2OH")
     c = calc(model, pad=True, skin=0.1, pad_atom_multiple=8, pad_edge_multiple=8)
+    capacities = c.engine.predictor.capacities
     atoms.calc = c
+    atoms.get_forces()
+    first_edges, first_cap = c.engine.n_edges, capacities.edges
+    assert first_cap >= 1.1 * first_edges  # headroom on the first build
+    # small moves beyond skin/2: new lists with about as many edges fit, nothing grows
     rng = np.random.default_rng(1)
-    cap = None
-    for _ in range(6):
-        atoms.positions += rng.normal(scale=0.2, size=atoms.positions.shape)
+    for _ in range(3):
+        atoms.positions += rng.normal(scale=0.03, size=atoms.positions.shape)
+        atoms.positions[0] += 0.2  # one atom moves more than skin/2: a new list
         atoms.get_forces()
-        edges = c._graph["batch"].receivers.shape[0]
-        new = c.predictor.capacities.edges
-        assert new >= edges
-        if cap is not None and new != cap:
-            assert edges > cap  # grown only because this neighbour list did not fit
-        if cap is None:
-            assert new >= 1.1 * edges  # headroom on the first build
-        cap = new
-    assert c.neighbor_list_builds == 6
+        assert c.engine.n_edges <= first_cap and capacities.edges == first_cap
+    assert c.neighbor_list_builds == 4
+    # the same calculator on a compressed copper crystal: more edges than the capacity, which
+    # must grow, with headroom
+    atoms = bulk("Cu", "fcc", a=3.0, cubic=True)
+    atoms.rattle(0.05, seed=0)
+    atoms.calc = c
+    f = atoms.get_forces()
+    grown_edges = c.engine.n_edges
+    assert grown_edges > first_cap, "the crystal must not fit (test set-up)"
+    assert capacities.edges >= 1.1 * grown_edges
+    fresh = atoms.copy()
+    fresh.calc = calc(model)
+    assert np.allclose(fresh.get_forces(), f, atol=1e-10)
 
 
 def test_nve_energy_is_conserved(model):

@@ -1,0 +1,33 @@
+"""One simulation engine shared by every integration (ASE, OpenMM, ``flashcart-md``).
+
+:class:`Engine` turns positions (+ cell, pbc) into energy, forces and stress through the
+:class:`~flashcart.model.Predictor`; adapters talk to it through the small
+:class:`Evaluator` interface, which other evaluators (e.g. exported model files) implement too.
+"""
+
+import inspect
+
+from .engine import COMPILE_MODES, Engine
+from .evaluator import Evaluation, Evaluator
+
+__all__ = ["COMPILE_MODES", "Engine", "Evaluation", "Evaluator", "make_evaluator"]
+
+
+def make_evaluator(model, **options) -> Evaluator:
+    """``model`` as an :class:`Evaluator`.
+
+    An object with an ``evaluate`` method is returned as it is (``options`` other than the
+    engine's defaults are then an error: they would configure an engine that is not built). Anything else (a checkpoint directory, its
+    ``model.pt`` or a :class:`~flashcart.model.FlashCartPotential`) becomes an :class:`Engine`
+    with ``options``.
+    """
+    if isinstance(model, Evaluator):
+        defaults = {k: v.default for k, v in inspect.signature(Engine).parameters.items()}
+        options = {k: v for k, v in options.items() if k not in defaults or v != defaults[k]}
+        if options:
+            raise ValueError(
+                f"options {sorted(options)} configure a new engine, but an evaluator ({type(model).__name__}) was given: "
+                "pass them when building it"
+            )
+        return model
+    return Engine(model, **options)

@@ -1,0 +1,314 @@
+"""The simulation engine: positions (+ cell, pbc) -> energy, forces, stress through the Predictor.
+
+One engine serves every simulation adapter (ASE calculator, OpenMM force, ``flashcart-md``).
+It owns what a simulation needs around the model call:
+
+* device placement and dtype of the model and of the inputs;
+* neighbour-list reuse with a skin: the list is built with cutoff ``r_max + skin`` and reused
+  while no atom has moved more than ``skin / 2`` from where it was when the list was built.
+  The check runs on the device and its flag travels to the host in the same transfer as the
+  energy and forces, so a step that reuses the list synchronises exactly once (when the results
+  are copied back). If the flag says the list was stale, the result is discarded and the step is
+  evaluated again with a fresh list: a rebuild step costs one extra model call, every other step
+  costs no extra synchronisation. Atoms wrapped back into a periodic cell (as OpenMM and
+  ``atoms.wrap()`` do) are mapped back next to their reference positions by lattice vectors, so
+  wrapping does not force a rebuild;
+* padded capacities (through :meth:`Predictor.reserve`, in :meth:`Engine._ensure_capacity`
+  only): a new list that does not fit grows them with ``headroom``, so later lists fit without
+  recompiling;
+* atomic energy offsets (included or not).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..data.batch import Batch, Structure, collate
+from ..data.neighbors import neighbor_list
+from ..model.checkpoint import load_checkpoint
+from ..model.potential import FlashCartPotential
+from ..model.predictor import Predictor
+from ..utils.device import resolve_device
+from .evaluator import Evaluation
+
+__all__ = ["Engine", "COMPILE_MODES"]
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+@dataclass
+class _Graph:
+    """A cached neighbour list and what it was built for."""
+
+    numbers: np.ndarray  # [N] atomic numbers
+    pbc: np.ndarray  # [3] bool
+    cell: np.ndarray  # [3, 3] float64, Å
+    reference: torch.Tensor  # [N, 3] positions the list was built at (device, dtype)
+    batch: Batch  # the one-structure batch whose positions are replaced every step
+    offset: float  # eV: sum of the atomic energy shifts of these atoms
+    cell_t: torch.Tensor | None  # [3, 3] device, for unwrapping (None without periodicity)
+    inv_cell_t: torch.Tensor | None  # [3, 3]
+    periodic_t: torch.Tensor | None  # [3] 1.0 along periodic directions, else 0.0
+
+    def matches(self, numbers: np.ndarray, cell: np.ndarray, pbc: np.ndarray) -> bool:
+        return np.array_equal(numbers, self.numbers) and np.array_equal(pbc, self.pbc) and np.array_equal(cell, self.cell)
+
+
+def _as_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if dtype in ("float32", torch.float32):
+        return torch.float32
+    if dtype in ("float64", torch.float64):
+        return torch.float64
+    raise ValueError(f"dtype must be 'float32' or 'float64', got {dtype!r}")
+
+
+class Engine:
+    """A FlashCart model as an :class:`~flashcart.simulation.Evaluator` for simulations.
+
+    Args:
+        model: a checkpoint directory (``best/``, ``log/``), its ``model.pt``, or a
+            :class:`~flashcart.model.FlashCartPotential` (copied, so the caller's model is
+            left as it is).
+        device: ``cpu``, ``gpu``, ``auto`` or ``cuda[:N]``.
+        dtype: ``float32`` or ``float64`` (model and inputs).
+        skin: extra neighbour-list radius (Å); the list is reused until an atom has moved more
+            than ``skin / 2`` (edges beyond the cutoff contribute exactly zero). ``0``: a new
+            list for every call.
+        compile_mode: ``None`` (eager) or a ``torch.compile`` mode (``default``,
+            ``reduce-overhead``, ...).
+        pad: pad to growing capacities (default: on when compiling).
+        pad_atom_multiple, pad_edge_multiple: capacity rounding.
+        add_atomic_offsets: include the per-element energy shifts in the energy.
+        headroom: relative spare capacity reserved when a new neighbour list does not fit.
+        compile_backend: ``torch.compile`` backend (``inductor``; tests use ``aot_eager``).
+    """
+
+    def __init__(
+        self,
+        model: str | Path | FlashCartPotential,
+        device: str | torch.device = "auto",
+        dtype: str | torch.dtype = "float32",
+        skin: float = 0.0,
+        compile_mode: str | None = None,
+        pad: bool | None = None,
+        pad_atom_multiple: int = 128,
+        pad_edge_multiple: int = 128,
+        add_atomic_offsets: bool = True,
+        headroom: float = 0.1,
+        compile_backend: str = "inductor",
+    ):
+        self.dtype = _as_dtype(dtype)
+        if not skin >= 0:
+            raise ValueError(f"skin must be >= 0 (Å), got {skin}")
+        if not headroom >= 0:
+            raise ValueError(f"headroom must be >= 0, got {headroom}")
+        if compile_mode is not None and compile_mode not in COMPILE_MODES:
+            raise ValueError(f"compile_mode must be None or one of {list(COMPILE_MODES)}, got {compile_mode!r}")
+        for name, value in (("pad_atom_multiple", pad_atom_multiple), ("pad_edge_multiple", pad_edge_multiple)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.device = resolve_device(device)
+        if isinstance(model, FlashCartPotential):
+            model = copy.deepcopy(model)
+        else:
+            model = load_checkpoint(model)
+        self._atomic_shifts = model.atomic_shifts.detach().to(torch.float64).cpu()  # eV, before any cast
+        self._z_to_type = model.z_to_type.detach().cpu()
+        self.elements = list(model.elements)
+        self.model = model.to(device=self.device, dtype=self.dtype).eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.r_max = float(self.model.r_max)
+        self.skin, self.add_atomic_offsets, self.headroom = float(skin), add_atomic_offsets, float(headroom)
+        self.compile_mode = compile_mode
+        self.predictor = Predictor(
+            self.model,
+            compile=compile_mode is not None,
+            compile_mode=compile_mode or "default",
+            pad=pad,
+            pad_atom_multiple=pad_atom_multiple,
+            pad_edge_multiple=pad_edge_multiple,
+            pad_graph_multiple=1,
+            compile_backend=compile_backend,
+        )
+        self._graph: _Graph | None = None
+        self._pinned_in: torch.Tensor | None = None  # host staging buffers (CUDA only)
+        self._pinned_out: torch.Tensor | None = None
+        self.neighbor_list_builds = 0  # lists built (first call, stale lists, changed systems)
+        self.stale_evaluations = 0  # calls evaluated with a reused list that turned out stale
+
+    # ------------------------------------------------------------------ public
+
+    def evaluate(
+        self,
+        positions: np.ndarray | torch.Tensor,
+        numbers: np.ndarray,
+        cell: np.ndarray | None = None,
+        pbc: np.ndarray | tuple[bool, bool, bool] | None = None,
+        stress: bool = False,
+    ) -> Evaluation:
+        """Energy (eV), forces ``[N, 3]`` (eV/Å) and optionally stress ``[3, 3]`` (eV/Å^3).
+
+        Args:
+            positions: ``[N, 3]`` Å (NumPy, or a tensor on any device).
+            numbers: ``[N]`` atomic numbers.
+            cell: ``[3, 3]`` lattice vectors as rows (Å); ``None`` for a molecule.
+            pbc: periodicity per lattice vector; ``None``: periodic in all directions when a
+                cell is given, else in none.
+            stress: also compute the stress (needs periodicity in all three directions).
+        """
+        numbers = np.asarray(numbers)
+        n = numbers.shape[0]
+        if n == 0:
+            raise ValueError("cannot evaluate a structure without atoms")
+        if tuple(positions.shape) != (n, 3):
+            raise ValueError(f"positions have shape {tuple(positions.shape)}, expected ({n}, 3) for {n} atoms")
+        cell_np = np.zeros((3, 3)) if cell is None else np.asarray(cell, dtype=np.float64).reshape(3, 3)
+        pbc_np = np.full(3, cell is not None) if pbc is None else np.broadcast_to(np.asarray(pbc, dtype=bool), (3,)).copy()
+        if stress and not pbc_np.all():
+            raise ValueError("stress needs a structure periodic in all three directions")
+        pos = self._upload(positions)
+        graph = self._graph
+        if self.skin > 0 and graph is not None and graph.matches(numbers, cell_np, pbc_np):
+            pos_reused, stale = self._reuse(graph, pos)
+            result = self._run(graph, pos_reused, stress, stale)
+            if result is not None:
+                return result
+            self.stale_evaluations += 1
+        graph = self._build(pos, numbers, cell_np, pbc_np)
+        return self._run(graph, pos, stress, None)
+
+    __call__ = evaluate
+
+    @property
+    def n_edges(self) -> int:
+        """Edges (within ``r_max + skin``) of the cached neighbour list; 0 before the first call."""
+        return 0 if self._graph is None else int(self._graph.batch.receivers.shape[0])
+
+    def check_numbers(self, numbers) -> torch.Tensor:
+        """Model type indices ``[N]`` of atomic numbers ``[N]``; elements the model does not know
+        are an error naming them."""
+        numbers_t = torch.as_tensor(np.asarray(numbers), dtype=torch.long)
+        if bool((numbers_t < 1).any()) or bool((numbers_t >= self._z_to_type.shape[0]).any()):
+            raise ValueError(f"atomic numbers must be in [1, {self._z_to_type.shape[0] - 1}], got {sorted(set(numbers_t.tolist()))}")
+        types = self._z_to_type[numbers_t]
+        if bool((types < 0).any()):
+            from ase.data import chemical_symbols
+
+            unknown = sorted({chemical_symbols[int(z)] for z in numbers_t[types < 0]})
+            raise ValueError(f"elements {unknown} are not among the model's elements {self.elements}")
+        return types
+
+    # ------------------------------------------------------------------ internals
+
+    def _upload(self, positions) -> torch.Tensor:
+        """Positions on the engine's device and dtype; from NumPy through a pinned buffer on CUDA."""
+        if isinstance(positions, torch.Tensor):
+            return positions.detach().to(device=self.device, dtype=self.dtype)
+        positions = np.asarray(positions, dtype=np.float64)
+        if self.device.type != "cuda":
+            return torch.from_numpy(positions).to(self.dtype)
+        if self._pinned_in is None or self._pinned_in.shape != positions.shape:
+            self._pinned_in = torch.empty(positions.shape, dtype=torch.float64, pin_memory=True)
+        self._pinned_in.numpy()[...] = positions
+        return self._pinned_in.to(self.device, non_blocking=True).to(self.dtype)
+
+    def _reuse(self, graph: _Graph, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions mapped next to the list's reference by lattice vectors, and the device flag
+        "some atom moved more than skin / 2" (a 0-d bool tensor; nothing is synchronised)."""
+        d = pos - graph.reference
+        if graph.cell_t is not None:
+            wraps = torch.round(d @ graph.inv_cell_t) * graph.periodic_t  # whole lattice vectors per atom
+            pos = pos - wraps @ graph.cell_t  # exact for atoms that were not wrapped (wraps == 0)
+            d = pos - graph.reference
+        stale = (d * d).sum(dim=1).amax() > (0.5 * self.skin) ** 2
+        return pos, stale
+
+    def _build(self, pos: torch.Tensor, numbers: np.ndarray, cell: np.ndarray, pbc: np.ndarray) -> _Graph:
+        """A new neighbour list at ``pos`` (on the engine's device), cached for later calls."""
+        numbers_t = torch.as_tensor(numbers, dtype=torch.long)
+        types = self.check_numbers(numbers)
+        if pbc.any() and abs(float(np.linalg.det(cell))) < 1e-9:
+            raise ValueError(f"periodic structure with a singular cell {cell.tolist()}")
+        dev = self.device
+        cell_t = torch.tensor(cell, dtype=self.dtype, device=dev)
+        pbc_t = torch.tensor(pbc)
+        receivers, senders, shifts = neighbor_list(pos, self.r_max + self.skin, cell_t, pbc_t)
+        n = pos.shape[0]
+        nan = torch.tensor(float("nan"), dtype=self.dtype)
+        structure = Structure(
+            positions=pos,
+            numbers=numbers_t.to(dev),
+            cell=cell_t,
+            pbc=pbc_t,
+            receivers=receivers,
+            senders=senders,
+            shifts=shifts,
+            energy=nan.to(dev),
+            forces=nan.expand(n, 3).to(dev),
+            stress=nan.expand(3, 3).to(dev),
+        )
+        batch = collate([structure], self._z_to_type.to(dev)).to(dev, self.dtype)
+        self._ensure_capacity(n, receivers.shape[0])
+        periodic = bool(pbc.any())
+        graph = _Graph(
+            numbers=numbers.copy(),
+            pbc=pbc.copy(),
+            cell=cell.copy(),
+            reference=pos.clone(),
+            batch=batch,
+            offset=float(self._atomic_shifts[types].sum()),
+            cell_t=cell_t if periodic else None,
+            inv_cell_t=torch.linalg.inv(torch.tensor(cell, dtype=torch.float64)).to(dev, self.dtype) if periodic else None,
+            periodic_t=torch.tensor(pbc, dtype=self.dtype, device=dev) if periodic else None,
+        )
+        self._graph = graph
+        self.neighbor_list_builds += 1
+        return graph
+
+    def _ensure_capacity(self, n_atoms: int, n_edges: int) -> None:
+        """The one place capacities grow: a list that does not fit reserves ``headroom`` more."""
+        p = self.predictor
+        if not p.pad:
+            return
+        cap = p.capacities
+        if n_edges > cap.edges or n_atoms + 2 > cap.atoms:
+            h = 1.0 + self.headroom
+            p.reserve(max(n_atoms, int(h * n_atoms)), max(n_edges, int(h * n_edges) + 1), 1)
+
+    def _run(self, graph: _Graph, pos: torch.Tensor, stress: bool, stale: torch.Tensor | None) -> Evaluation | None:
+        """One model call; ``None`` when ``stale`` turns out true (the result is then discarded)."""
+        batch = graph.batch
+        batch.positions = pos
+        out = self.predictor(batch, forces=True, stress=stress)
+        n = pos.shape[0]
+        parts = [out["energy"].reshape(1), (stale if stale is not None else out["energy"].new_zeros(())).to(pos.dtype).reshape(1)]
+        parts.append(out["forces"].reshape(-1))
+        if stress:
+            parts.append(out["stress"].reshape(-1))
+        host = self._download(torch.cat(parts))
+        if host[1] > 0:
+            return None
+        energy = float(host[0])
+        if not self.add_atomic_offsets:
+            energy -= graph.offset
+        forces = host[2 : 2 + 3 * n].astype(np.float64).reshape(n, 3)
+        s = host[2 + 3 * n :].astype(np.float64).reshape(3, 3) if stress else None
+        return Evaluation(energy=energy, forces=forces, stress=s)
+
+    def _download(self, packed: torch.Tensor) -> np.ndarray:
+        """One device-to-host copy (and the step's only synchronisation)."""
+        if packed.device.type != "cuda":
+            return packed.numpy().copy()
+        k = packed.shape[0]
+        if self._pinned_out is None or self._pinned_out.shape[0] < k or self._pinned_out.dtype != packed.dtype:
+            self._pinned_out = torch.empty(k, dtype=packed.dtype, pin_memory=True)
+        buf = self._pinned_out[:k]
+        buf.copy_(packed, non_blocking=True)
+        torch.cuda.current_stream(packed.device).synchronize()
+        return buf.numpy().copy()
