@@ -20,6 +20,7 @@ __all__ = [
     "TINY_MODEL",
     "Runner",
     "SimulationBattery",
+    "CountingBackend",
     "reference_evaluation",
 ]
 
@@ -329,5 +330,21 @@ class SimulationBattery:
     def check_compiled_equals_eager(self, factory: Callable, backend: str = "aot_eager") -> None:
         """``torch.compile`` (with ``backend``; ``aot_eager`` keeps the check fast on a CPU) equals
         eager, on the crystal (one compilation: stress included where the runner has it)."""
-        compiled = dict(compile_mode="default", compile_backend=backend)
+        counting = CountingBackend(backend)
+        compiled = dict(compile_mode="default", compile_backend=counting)
         self._variants_agree(factory, "compiled vs eager", dict(), compiled, (self.crystal,))
+        if counting.count == 0:
+            raise AssertionError("compile_mode was given but nothing was compiled")
+
+
+class CountingBackend:
+    """A ``torch.compile`` backend that counts compilations and delegates to ``backend``."""
+
+    def __init__(self, backend: str = "aot_eager"):
+        self.backend, self.count = backend, 0
+
+    def __call__(self, gm, example_inputs):
+        from torch._dynamo.backends.registry import lookup_backend
+
+        self.count += 1
+        return lookup_backend(self.backend)(gm, example_inputs)

@@ -13,21 +13,22 @@ from .evaluator import Evaluation, Evaluator
 __all__ = ["COMPILE_MODES", "Engine", "Evaluation", "Evaluator", "make_evaluator"]
 
 
-def make_evaluator(model, **options) -> Evaluator:
+def make_evaluator(model, defaults: dict | None = None, **options) -> Evaluator:
     """``model`` as an :class:`Evaluator`.
 
-    An object with an ``evaluate`` method is returned as it is (``options`` other than the
-    engine's defaults are then an error: they would configure an engine that is not built). Anything else (a checkpoint directory, its
+    An object with an ``evaluate`` method is returned as it is; ``options`` that differ from
+    ``defaults`` (the caller's defaults; the engine's when ``None``) are then an error, as they
+    would configure an engine that is not built. Anything else (a checkpoint directory, its
     ``model.pt`` or a :class:`~flashcart.model.FlashCartPotential`) becomes an :class:`Engine`
     with ``options``.
     """
     if isinstance(model, Evaluator):
-        defaults = {k: v.default for k, v in inspect.signature(Engine).parameters.items()}
-        options = {k: v for k, v in options.items() if k not in defaults or v != defaults[k]}
-        if options:
+        if defaults is None:
+            defaults = {k: v.default for k, v in inspect.signature(Engine).parameters.items()}
+        changed = sorted(k for k, v in options.items() if k not in defaults or v != defaults[k])
+        if changed:
             raise ValueError(
-                f"options {sorted(options)} configure a new engine, but an evaluator ({type(model).__name__}) was given: "
-                "pass them when building it"
+                f"options {changed} configure a new engine, but an evaluator ({type(model).__name__}) was given: pass them when building it"
             )
         return model
     return Engine(model, **options)

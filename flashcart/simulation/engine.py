@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -100,7 +101,7 @@ class Engine:
         pad_edge_multiple: int = 128,
         add_atomic_offsets: bool = True,
         headroom: float = 0.1,
-        compile_backend: str = "inductor",
+        compile_backend: str | Callable = "inductor",
     ):
         self.dtype = _as_dtype(dtype)
         if not skin >= 0:

@@ -1,0 +1,35 @@
+"""Every way of running a model passes the same physics battery (flashcart.testing.SimulationBattery)."""
+
+import pytest
+
+from flashcart.testing import SimulationBattery
+
+from ..simulation.systems import tiny_water_model, water_box, water_cluster
+from .runners import ase_runner, openmm_runner
+
+pytest.importorskip("openmm")
+
+RUNNERS = {
+    "ase": ase_runner,
+    "openmm-Reference": openmm_runner("Reference"),
+    "openmm-CPU": openmm_runner("CPU"),
+}
+
+
+@pytest.fixture(scope="module")
+def battery():
+    return SimulationBattery(tiny_water_model(), water_cluster(), water_box())
+
+
+CASES = [
+    (runner, check)
+    for runner in sorted(RUNNERS)
+    for check in SimulationBattery.CHECKS
+    # compilation does not depend on the OpenMM platform: compiled == eager once per integration
+    if not (runner == "openmm-CPU" and check == "compiled_equals_eager")
+]
+
+
+@pytest.mark.parametrize("runner, check", CASES)
+def test_integration_passes_the_battery(battery, runner, check):
+    battery.check(check, RUNNERS[runner])
