@@ -166,6 +166,7 @@ def _train(cfg: dict[str, Any], progress: bool, ctx: Context) -> Path:
     if resuming:
         state = ctx.broadcast(state)
         model = FlashCartPotential.from_config(cfg, elements=elements)
+        model.to(dtype=dtype)  # before loading: float64 weights must not pass through float32
         try:
             model.load_state_dict(state["model"])
         except RuntimeError:
