@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
+from ..utils.progress import progress_bar
 from .batch import Structure
 from .neighbors import neighbor_list
 
@@ -113,6 +113,6 @@ def read_structures(
     if not frames:
         raise DataError(f"{path}: file holds no structures")
     out = []
-    for k, atoms in enumerate(tqdm(frames, desc=f"neighbour lists {path.name}", disable=not progress, leave=False)):
+    for k, atoms in enumerate(progress_bar(frames, desc=f"neighbour lists {path.name}", disable=not progress)):
         out.append(structure_from_atoms(atoms, r_max, energy_key, forces_key, stress_key, where=f"{path}, frame {k}"))
     return out

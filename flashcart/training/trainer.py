@@ -19,7 +19,6 @@ from typing import Any
 import torch
 import yaml
 from ase.data import atomic_numbers
-from tqdm import tqdm
 
 from ..config import ConfigError, dump_config, require
 from ..data import BatchLoader, read_structures
@@ -29,6 +28,7 @@ from ..model.predictor import Predictor
 from ..model.prefit import prefit
 from ..utils.device import resolve_device, resolve_dtype
 from ..utils.io import atomic_write, atomic_write_text
+from ..utils.progress import progress_bar
 from . import distributed
 from .distributed import Context
 from .losses import Metrics, loss_value, required_properties
@@ -243,7 +243,7 @@ def _train(cfg: dict[str, Any], progress: bool, ctx: Context) -> Path:
         counts = [distributed.step_counts([train_set[i] for b in step for i in b]) for step in steps] if ctx.distributed else []
         if loader.dropped:
             log.info(f"epoch {epoch + 1}: drop_last leaves out {loader.dropped} structures")
-        bar = tqdm(loader, desc=f"epoch {epoch + 1}/{cfg['max_epochs']}", disable=not progress, leave=False)
+        bar = progress_bar(loader, desc=f"epoch {epoch + 1}/{cfg['max_epochs']}", disable=not progress, leave=False)
         for k, batch in enumerate(bar):
             b = batch.to(device, dtype)
             pred = predictor(b, forces="forces" in train_props, stress="stress" in train_props, create_graph=True)
