@@ -30,7 +30,13 @@ def _run(fn, argv, prog, description) -> int:
 def train_main(argv=None) -> int:
     from ..training.trainer import train
 
-    return _run(train, argv, "flashcart-train", "Train a FlashCart potential.")
+    return _run(
+        train,
+        argv,
+        "flashcart-train",
+        "Train a FlashCart potential. strategy=ddp devices=N trains on N GPUs (or N gloo processes with device=cpu) "
+        "of this node; with n_nodes=M start it on every node with torchrun (README).",
+    )
 
 
 def test_main(argv=None) -> int:

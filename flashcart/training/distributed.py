@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+import warnings
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable
@@ -133,8 +134,18 @@ def world_size(cfg: dict[str, Any]) -> int:
             "strategy: ddp with devices=1 and n_nodes=1 is one process; set devices (GPUs or CPU processes per node) "
             "above 1, or use strategy=auto for single-device training"
         )
+    if under_torchrun() and int(os.environ["WORLD_SIZE"]) != world:
+        raise ConfigError(
+            f"torchrun started {os.environ['WORLD_SIZE']} processes but the configuration asks for devices={devices} x "
+            f"n_nodes={n_nodes} = {world}; make --nproc-per-node equal devices and --nnodes equal n_nodes"
+        )
     if world == 1:
         return 1
+    if cfg["predict_compile"] and cfg["predict_compile_fullgraph"]:
+        raise ConfigError(
+            "predict_compile with predict_compile_fullgraph: true cannot trace DistributedDataParallel's forward "
+            "(it breaks the graph); with strategy=ddp set predict_compile_fullgraph=false or predict_compile=false"
+        )
     kind = resolve_device(cfg["device"]).type
     if kind == "cuda":
         available = torch.cuda.device_count()
@@ -145,12 +156,9 @@ def world_size(cfg: dict[str, Any]) -> int:
         if devices > available:
             raise ConfigError(f"devices={devices} CPU processes but this node has {available} CPU core(s)")
     if under_torchrun():
-        env_world, env_local = int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_WORLD_SIZE", devices))
-        if env_world != world or env_local != devices:
-            raise ConfigError(
-                f"torchrun started {env_world} processes ({env_local} per node) but the configuration asks for "
-                f"devices={devices} x n_nodes={n_nodes} = {world}; make --nproc-per-node equal devices and --nnodes equal n_nodes"
-            )
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", devices))
+        if local != devices:
+            raise ConfigError(f"torchrun started {local} processes on this node but devices={devices}; make --nproc-per-node equal devices")
     elif n_nodes > 1:
         raise ConfigError(
             f"n_nodes={n_nodes}: start flashcart-train on every node with torchrun, e.g. torchrun --nnodes {n_nodes} "
@@ -255,8 +263,16 @@ def wrap(model: torch.nn.Module, ctx: Context) -> torch.nn.Module:
         return model
     ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     # Buffers (shifts, scale, neighbour normalisation) are fixed after the pre-fit and were
-    # broadcast once; parameters are broadcast by DDP's constructor.
-    return DataParallelPotential(model, device_ids=ids, broadcast_buffers=False)
+    # broadcast once: no buffer synchronisation before each forward.
+    import inspect
+
+    sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters else {}
+    # 1-row weight matrices get gradients with strides that differ from DDP's bucket views;
+    # harmless (copied once per step), and the warning would repeat in every process.
+    warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
+    if sync:
+        return DataParallelPotential(model, device_ids=ids, **sync)
+    return DataParallelPotential(model, device_ids=ids, broadcast_buffers=False)  # torch before forward_sync_buffers
 
 
 # ---------------------------------------------------------------------------- losses
