@@ -1,12 +1,15 @@
-"""Profiler inference s/run next to ASE velocity-Verlet step time, same model and settings.
+"""Profiler inference s/run next to ASE and OpenMM MD step times, same model and settings.
 
 For one structure: runs ``flashcart-profile`` (inference phase, one batch of that one
-structure) and then MD with :class:`FlashCartCalculator` for ``--steps`` steps, and prints
-both per-call times and their ratio.
+structure), then velocity-Verlet MD through the ASE calculator and through the OpenMM force
+(``--engines``), and prints the per-call times, their ratios, steps/s and where the per-step
+overhead goes: the engine's evaluate call (positions up, displacement check, model, results
+down) against the bare Predictor call, neighbour-list rebuilds, and OpenMM's PythonForce round
+trip measured with a callback that returns zero forces.
 
-    python benchmarks/md_vs_profile.py --structure ethanol --device cpu
-    python benchmarks/md_vs_profile.py --structure diamond --device gpu --compile-mode reduce-overhead \\
-        --model n_interactions=2 correlation=3 n_hidden_feats=20 path_reduced_product=true
+    python benchmarks/md_vs_profile.py --structure ethanol --device cpu --engines ase openmm
+    python benchmarks/md_vs_profile.py --structure water --device gpu --r-max 6 --compile-mode reduce-overhead \\
+        --model n_interactions=2 correlation=3 n_hidden_feats=20 l_max_hidden_feats=2 path_reduced_product=true
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from flashcart.integrations.ase import FlashCartCalculator
 from flashcart.model.potential import FlashCartPotential
 from flashcart.model.prefit import prefit
 from flashcart.profiling import profile
+from flashcart.simulation import Engine
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,13 +60,128 @@ def structure(name: str) -> Atoms:
     raise ValueError(f"unknown structure {name!r}")
 
 
+def _sync(device: str) -> None:
+    if device == "gpu":
+        torch.cuda.synchronize()
+
+
+def _per_call(fn, n: int, device: str, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    _sync(device)
+    return (time.perf_counter() - t0) / n
+
+
+def ase_md(model, atoms: Atoms, args) -> tuple[float, Engine]:
+    """s/step of ASE velocity Verlet (after 5 untimed steps) and the engine it ran on."""
+    engine = Engine(model, device=args.device, compile_mode=args.compile_mode, skin=args.skin)
+    atoms = atoms.copy()
+    atoms.calc = FlashCartCalculator(engine)
+    MaxwellBoltzmannDistribution(atoms, temperature_K=300, rng=np.random.default_rng(0))
+    dyn = VelocityVerlet(atoms, timestep=0.5 * units.fs)
+    dyn.run(5)  # warm-up (compilation, first neighbour list)
+    _sync(args.device)
+    t0 = time.perf_counter()
+    dyn.run(args.steps)
+    _sync(args.device)
+    return (time.perf_counter() - t0) / args.steps, engine
+
+
+def _openmm_context(atoms: Atoms, force, args):
+    import openmm
+    from openmm import unit
+
+    system = openmm.System()
+    for m in atoms.get_masses():
+        system.addParticle(m)
+    system.addForce(force)
+    periodic = bool(atoms.pbc.all())
+    if periodic:
+        system.setDefaultPeriodicBoxVectors(*[openmm.Vec3(*row) for row in atoms.cell.array / 10.0])
+    integrator = openmm.VerletIntegrator(0.5 * unit.femtosecond)
+    platform = openmm.Platform.getPlatformByName(args.openmm_platform or ("CUDA" if args.device == "gpu" else "CPU"))
+    props = dict(kv.split("=", 1) for kv in args.openmm_property)
+    ctx = openmm.Context(system, integrator, platform, props)
+    ctx.setPositions(atoms.positions / 10.0)
+    ctx.setVelocitiesToTemperature(300 * unit.kelvin, 1)
+    return ctx, integrator
+
+
+def _openmm_steps(ctx, integrator, steps: int, device: str) -> float:
+    integrator.step(5)  # warm-up (compilation, first neighbour list)
+    ctx.getState(getEnergy=True)
+    _sync(device)
+    t0 = time.perf_counter()
+    integrator.step(steps)
+    ctx.getState(getEnergy=True)  # waits for the last step
+    _sync(device)
+    return (time.perf_counter() - t0) / steps
+
+
+def openmm_md(model, atoms: Atoms, args) -> tuple[float, Engine]:
+    """s/step of OpenMM's VerletIntegrator with the FlashCart PythonForce (after 5 untimed steps)."""
+    from flashcart.integrations.openmm import create_force
+
+    assert atoms.pbc.all() or not atoms.pbc.any()
+    engine = Engine(model, device=args.device, compile_mode=args.compile_mode, skin=args.skin)
+    ctx, integrator = _openmm_context(atoms, create_force(engine, atoms.numbers, periodic=bool(atoms.pbc.all())), args)
+    return _openmm_steps(ctx, integrator, args.steps, args.device), engine
+
+
+def openmm_round_trip(atoms: Atoms, args) -> float:
+    """s/step of OpenMM with a PythonForce whose callback only reads the positions (and box)
+    and returns zero forces: the cost of the round trip itself."""
+    import openmm
+
+    from flashcart.integrations.openmm import _nm
+
+    zeros = np.zeros((len(atoms), 3))
+    periodic = bool(atoms.pbc.all())
+
+    def callback(state):
+        _nm(state.getPositions(asNumpy=True))
+        if periodic:
+            _nm(state.getPeriodicBoxVectors(asNumpy=True))
+        return 0.0, zeros
+
+    force = openmm.PythonForce(callback)
+    force.setUsesPeriodicBoundaryConditions(periodic)
+    ctx, integrator = _openmm_context(atoms, force, args)
+    return _openmm_steps(ctx, integrator, max(args.steps, 200), args.device)
+
+
+def breakdown(engine: Engine, atoms: Atoms, args) -> dict[str, float]:
+    """Per-call costs inside one step of the engine (s)."""
+    from flashcart.data.neighbors import neighbor_list
+
+    cell = atoms.cell.array if atoms.pbc.any() else None
+    pos = atoms.positions.copy()
+    engine.evaluate(pos, atoms.numbers, cell, atoms.pbc)  # builds (or reuses) the list at pos
+    out = {"evaluate (reused list)": _per_call(lambda: engine.evaluate(pos, atoms.numbers, cell, atoms.pbc), args.repeat, args.device)}
+    batch = engine._graph.batch
+    out["predictor call on the engine's batch"] = _per_call(lambda: engine.predictor(batch, forces=True), args.repeat, args.device)
+    dev_pos = torch.as_tensor(pos, dtype=engine.dtype, device=engine.device)
+    cell_t = torch.as_tensor(atoms.cell.array, dtype=engine.dtype, device=engine.device)
+    pbc_t = torch.as_tensor(atoms.pbc)
+    out["neighbour list build"] = _per_call(lambda: neighbor_list(dev_pos, engine.r_max + engine.skin, cell_t, pbc_t), 5, args.device, 1)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--structure", default="ethanol", choices=["ethanol", "water", "diamond", "diamond512"])
     parser.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     parser.add_argument("--compile-mode", default=None, help="torch.compile mode (default: eager)")
+    parser.add_argument("--engines", nargs="+", default=["ase", "openmm"], choices=["ase", "openmm"])
+    parser.add_argument("--openmm-platform", default=None, help="default: CUDA on --device gpu, else CPU")
+    parser.add_argument("--openmm-property", nargs="*", default=[], help="OpenMM platform properties KEY=VALUE")
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--skin", type=float, default=0.5)
     parser.add_argument("--r-max", type=float, default=5.0)
     parser.add_argument("--model", nargs="*", default=[], help="KEY=VALUE model options")
     args = parser.parse_args()
@@ -97,24 +216,25 @@ def main() -> None:
     elements = sorted(set(atoms.get_chemical_symbols()))
     model = FlashCartPotential.from_config(cfg, elements)
     prefit(model, structures)
-    calc = FlashCartCalculator(model, device=args.device, compile_mode=args.compile_mode, skin=0.5)
-    atoms.calc = calc
-    MaxwellBoltzmannDistribution(atoms, temperature_K=300, rng=np.random.default_rng(0))
-    dyn = VelocityVerlet(atoms, timestep=0.5 * units.fs)
-    dyn.run(5)  # warm-up (compilation, first neighbour list)
-    if args.device == "gpu":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    dyn.run(args.steps)
-    if args.device == "gpu":
-        torch.cuda.synchronize()
-    md = (time.perf_counter() - t0) / args.steps
+    prof = result["inference"]
     for line in header:
         print(line)
-    print(f"structure={args.structure} atoms={len(atoms)} device={args.device} compile={args.compile_mode or 'eager'}")
-    print(f"profiler inference: {result['inference']:.6f} s/run")
-    print(f"ASE MD step:        {md:.6f} s/step ({args.steps} steps, {calc.neighbor_list_builds} neighbour lists)")
-    print(f"overhead ratio:     {md / result['inference']:.3f}")
+    print(f"structure={args.structure} atoms={len(atoms)} device={args.device} compile={args.compile_mode or 'eager'} skin={args.skin}")
+    print(f"profiler inference: {prof:.6f} s/run")
+    engine = None
+    for name in args.engines:
+        step, engine = (ase_md if name == "ase" else openmm_md)(model, atoms, args)
+        label = "ASE MD step:   " if name == "ase" else "OpenMM MD step:"
+        print(
+            f"{label} {step:.6f} s/step = {1 / step:.0f} steps/s, {step / prof:.3f} x profiler "
+            f"({args.steps} steps, {engine.neighbor_list_builds} neighbour lists, {engine.stale_evaluations} stale evaluations)"
+        )
+    if engine is not None:
+        print("where a step goes (s per call):")
+        for what, t in breakdown(engine, atoms, args).items():
+            print(f"  {what:<40} {t:.6f}")
+        if "openmm" in args.engines:
+            print(f"  {'OpenMM PythonForce round trip (zero forces)':<40} {openmm_round_trip(atoms, args):.6f}")
 
 
 if __name__ == "__main__":

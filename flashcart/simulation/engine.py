@@ -11,8 +11,8 @@ It owns what a simulation needs around the model call:
   are copied back). If the flag says the list was stale, the result is discarded and the step is
   evaluated again with a fresh list: a rebuild step costs one extra model call, every other step
   costs no extra synchronisation. Atoms wrapped back into a periodic cell (as OpenMM and
-  ``atoms.wrap()`` do) are mapped back next to their reference positions by lattice vectors, so
-  wrapping does not force a rebuild;
+  ``atoms.wrap()`` do) are mapped back next to their reference positions by lattice vectors
+  (:func:`flashcart.data.neighbors.displacements`), so wrapping does not force a rebuild;
 * padded capacities (through :meth:`Predictor.reserve`, in :meth:`Engine._ensure_capacity`
   only): a new list that does not fit grows them with ``headroom``, so later lists fit without
   recompiling;
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ..data.batch import Batch, Structure, collate
-from ..data.neighbors import neighbor_list
+from ..data.neighbors import displacements, max_displacement_exceeds, neighbor_list
 from ..model.checkpoint import load_checkpoint
 from ..model.potential import FlashCartPotential
 from ..model.predictor import Predictor
@@ -53,8 +53,7 @@ class _Graph:
     batch: Batch  # the one-structure batch whose positions are replaced every step
     offset: float  # eV: sum of the atomic energy shifts of these atoms
     cell_t: torch.Tensor | None  # [3, 3] device, for unwrapping (None without periodicity)
-    inv_cell_t: torch.Tensor | None  # [3, 3]
-    periodic_t: torch.Tensor | None  # [3] 1.0 along periodic directions, else 0.0
+    periodic_t: torch.Tensor | None  # [3] bool on the device
 
     def matches(self, numbers: np.ndarray, cell: np.ndarray, pbc: np.ndarray) -> bool:
         return np.array_equal(numbers, self.numbers) and np.array_equal(pbc, self.pbc) and np.array_equal(cell, self.cell)
@@ -222,13 +221,10 @@ class Engine:
     def _reuse(self, graph: _Graph, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions mapped next to the list's reference by lattice vectors, and the device flag
         "some atom moved more than skin / 2" (a 0-d bool tensor; nothing is synchronised)."""
-        d = pos - graph.reference
         if graph.cell_t is not None:
-            wraps = torch.round(d @ graph.inv_cell_t) * graph.periodic_t  # whole lattice vectors per atom
-            pos = pos - wraps @ graph.cell_t  # exact for atoms that were not wrapped (wraps == 0)
-            d = pos - graph.reference
-        stale = (d * d).sum(dim=1).amax() > (0.5 * self.skin) ** 2
-        return pos, stale
+            d = displacements(pos, graph.reference, graph.cell_t, graph.periodic_t)
+            pos = pos - ((pos - graph.reference) - d)  # whole lattice vectors removed; exact for unwrapped atoms
+        return pos, max_displacement_exceeds(pos, graph.reference, self.skin)
 
     def _build(self, pos: torch.Tensor, numbers: np.ndarray, cell: np.ndarray, pbc: np.ndarray) -> _Graph:
         """A new neighbour list at ``pos`` (on the engine's device), cached for later calls."""
@@ -265,8 +261,7 @@ class Engine:
             batch=batch,
             offset=float(self._atomic_shifts[types].sum()),
             cell_t=cell_t if periodic else None,
-            inv_cell_t=torch.linalg.inv(torch.tensor(cell, dtype=torch.float64)).to(dev, self.dtype) if periodic else None,
-            periodic_t=torch.tensor(pbc, dtype=self.dtype, device=dev) if periodic else None,
+            periodic_t=torch.tensor(pbc, device=dev) if periodic else None,
         )
         self._graph = graph
         self.neighbor_list_builds += 1

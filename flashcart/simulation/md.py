@@ -299,7 +299,7 @@ def run_md(cfg: dict[str, Any], progress: bool = True, out: Callable[[str], None
     (``step``: s per MD step, ``profile``: the profiler's s/run when ``compare_profile``)."""
     import ase.io
     from ase import units
-    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution, Stationary
+    from ase.md import velocitydistribution
 
     path = Path(cfg["structure"])
     if not path.is_file():
@@ -314,8 +314,13 @@ def run_md(cfg: dict[str, Any], progress: bool = True, out: Callable[[str], None
     engine = Engine(cfg["model"], device=cfg["device"], dtype=cfg["dtype"], skin=cfg["skin"], compile_mode=cfg["compile_mode"])
     engine.check_numbers(atoms.numbers)
     if cfg["initial_velocities"]:
-        MaxwellBoltzmannDistribution(atoms, temperature_K=cfg["temperature"], rng=np.random.default_rng(cfg["seed"]))
-        Stationary(atoms)
+        rng = np.random.default_rng(cfg["seed"])
+        thermalize = getattr(velocitydistribution, "thermalize_momenta", None)  # ASE >= 3.29
+        if thermalize is not None:
+            thermalize(atoms, cfg["temperature"], rng=rng)
+        else:
+            velocitydistribution.MaxwellBoltzmannDistribution(atoms, temperature_K=cfg["temperature"], rng=rng)
+        velocitydistribution.Stationary(atoms)
     md = (_AseMD if cfg["engine"] == "ase" else _OpenMMMD)(atoms, engine, cfg)
     n_atoms = len(atoms)
     out(
