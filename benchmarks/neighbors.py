@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -122,6 +123,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "vesin_torch": _version("vesin-torch"),
         "ase": _version("ase"),
+        "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
     print(json.dumps(env))
     print(f"{args.system}, cutoff {args.cutoff} Å, {args.dtype}, median of {args.repeats} builds (s)")

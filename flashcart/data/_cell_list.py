@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Geometry", "binning_geometry", "cell_list_pairs", "all_pairs"]
+__all__ = ["Geometry", "binning_geometry", "cell_list_pairs", "all_pairs", "all_pairs_work"]
 
 # Relative slack on the cutoff when sizing bins and search ranges: float64 binning can misplace
 # an atom by ~1e-16 of a cell; this keeps pairs at the cutoff inside the searched bins.
@@ -112,6 +112,12 @@ def _finish(
 def _image_ranges(geo: Geometry, cutoff: float) -> list[int]:
     """Images needed along each periodic direction for wrapped positions (0 elsewhere)."""
     return [int(math.ceil(cutoff * (1 + _SLACK) / h)) if p else 0 for p, h in zip(geo.periodic, geo.heights)]
+
+
+def all_pairs_work(geo: Geometry, cutoff: float) -> int:
+    """Distances :func:`all_pairs` evaluates: ``n^2`` times the number of images searched."""
+    n = geo.pos.shape[0]
+    return n * n * math.prod(2 * r + 1 for r in _image_ranges(geo, cutoff))
 
 
 def all_pairs(

@@ -16,10 +16,12 @@ Contract of :func:`neighbor_list` (every backend):
 
 Backends (``backend=``): ``"vesin"`` (the vesin-torch library: C++ cell list on CPU, CUDA
 kernels on GPU), ``"cell_list"`` (torch, :mod:`._cell_list`: vectorised binning in fractional
-coordinates), ``"all_pairs"`` (torch, O(N^2), fastest for a few hundred atoms) and ``"auto"``:
-vesin when it is installed and loads, else the torch searches (all-pairs up to
-``ALL_PAIRS_MAX_ATOMS`` atoms). Building a list synchronises with the device (its length is
-data-dependent); that happens only when a list is (re)built.
+coordinates), ``"all_pairs"`` (torch, O(N^2) in atoms times images, fastest for tiny systems)
+and ``"auto"``: vesin when it is installed and loads, else the torch searches (all-pairs when it
+evaluates at most ``ALL_PAIRS_MAX_DISTANCES`` distances, else the cell list). On CUDA, "auto"
+falls back to the torch searches for good (with a warning) if vesin-torch raises there.
+Building a list synchronises with the device (its length is data-dependent); that happens only
+when a list is (re)built.
 
 Reuse with a skin (what a simulation engine does between rebuilds): build the list once with
 cutoff ``r_max + skin`` at ``reference_positions``; while no atom has moved more than ``skin / 2``
@@ -40,10 +42,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ._cell_list import all_pairs, binning_geometry, cell_list_pairs
+from ._cell_list import all_pairs, all_pairs_work, binning_geometry, cell_list_pairs
 
 __all__ = [
-    "ALL_PAIRS_MAX_ATOMS",
+    "ALL_PAIRS_MAX_DISTANCES",
     "BACKENDS",
     "displacements",
     "max_displacement_exceeds",
@@ -52,8 +54,9 @@ __all__ = [
 ]
 
 BACKENDS = ("auto", "vesin", "cell_list", "all_pairs")
-# "auto" without vesin: all-pairs below this many atoms, cell list above (benchmarks/neighbors.py).
-ALL_PAIRS_MAX_ATOMS = 150
+# "auto" without vesin: all-pairs up to this many distances (atoms^2 x images), else the cell list
+# (crossover measured on CPU: ~30 atoms in a periodic 27-image cell, ~300 atoms of a molecule).
+ALL_PAIRS_MAX_DISTANCES = 100_000
 
 _vesin_module = None  # vesin_torch once imported; False when it is missing or does not load
 _vesin_cuda_failed = False  # "auto" stops trying vesin on CUDA after one failure (warned once)
@@ -175,7 +178,7 @@ def neighbor_list(
             warnings.warn(f"vesin-torch failed on {device} ({err}); using the torch cell list from now on", stacklevel=2)
     if result is None:
         geo = binning_geometry(positions, cell.to(device), periodic)
-        use_all_pairs = backend == "all_pairs" or (backend == "auto" and n <= ALL_PAIRS_MAX_ATOMS)
+        use_all_pairs = backend == "all_pairs" or (backend == "auto" and all_pairs_work(geo, float(cutoff)) <= ALL_PAIRS_MAX_DISTANCES)
         search = all_pairs if use_all_pairs else cell_list_pairs
         result = search(geo, float(cutoff), self_interaction, max_candidates=chunk)
     i, j, s = result

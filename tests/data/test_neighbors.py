@@ -88,6 +88,23 @@ def test_backends_agree_in_order_free_terms_and_auto_is_one_of_them():
     assert len(lists["auto"]) > 1000
 
 
+def test_auto_without_vesin_picks_the_torch_search_by_size(monkeypatch):
+    import flashcart.data.neighbors as nl
+
+    monkeypatch.setattr(nl, "_vesin_module", False)  # as where vesin-torch is missing
+    used = []
+    for name in ("all_pairs", "cell_list_pairs"):
+        real = getattr(nl, name)
+        monkeypatch.setattr(nl, name, lambda *a, _real=real, _name=name, **k: used.append(_name) or _real(*a, **k))
+    for case, expected in (("molecule", "all_pairs"), ("small_cell_many_images", "all_pairs"), ("triclinic_many_bins", "cell_list_pairs")):
+        pos, cell, pbc, cutoff = CASES[case]
+        i, j, S = nl.neighbor_list(torch.tensor(pos), cutoff, torch.tensor(cell), pbc)
+        assert used[-1] == expected, case
+        assert our_edges(i, j, S) == ase_edges(pos, cell, pbc, cutoff), case
+    with pytest.raises(ImportError, match="vesin-torch"):
+        nl.neighbor_list(torch.zeros(2, 3), 1.0, backend="vesin")
+
+
 def test_empty_and_isolated():
     i, j, S = neighbor_list(torch.zeros(0, 3), 5.0)
     assert i.shape == j.shape == (0,) and S.shape == (0, 3)
