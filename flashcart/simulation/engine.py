@@ -11,8 +11,8 @@ It owns what a simulation needs around the model call:
   are copied back). If the flag says the list was stale, the result is discarded and the step is
   evaluated again with a fresh list: a rebuild step costs one extra model call, every other step
   costs no extra synchronisation. Atoms wrapped back into a periodic cell (as OpenMM and
-  ``atoms.wrap()`` do) are mapped back next to their reference positions by lattice vectors
-  (:func:`flashcart.data.neighbors.displacements`), so wrapping does not force a rebuild;
+  ``atoms.wrap()`` do) are mapped back next to their reference positions by lattice vectors, so
+  wrapping does not force a rebuild;
 * padded capacities (through :meth:`Predictor.reserve`, in :meth:`Engine._ensure_capacity`
   only): a new list that does not fit grows them with ``headroom``, so later lists fit without
   recompiling;
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ..data.batch import Batch, Structure, collate
-from ..data.neighbors import displacements, max_displacement_exceeds, neighbor_list
+from ..data.neighbors import max_displacement_exceeds, neighbor_list
 from ..model.checkpoint import load_checkpoint
 from ..model.potential import FlashCartPotential
 from ..model.predictor import Predictor
@@ -53,7 +53,8 @@ class _Graph:
     batch: Batch  # the one-structure batch whose positions are replaced every step
     offset: float  # eV: sum of the atomic energy shifts of these atoms
     cell_t: torch.Tensor | None  # [3, 3] device, for unwrapping (None without periodicity)
-    periodic_t: torch.Tensor | None  # [3] bool on the device
+    inv_cell_t: torch.Tensor | None  # [3, 3]
+    periodic_t: torch.Tensor | None  # [3] 1.0 along periodic directions, else 0.0
 
     def matches(self, numbers: np.ndarray, cell: np.ndarray, pbc: np.ndarray) -> bool:
         return np.array_equal(numbers, self.numbers) and np.array_equal(pbc, self.pbc) and np.array_equal(cell, self.cell)
@@ -212,18 +213,22 @@ class Engine:
             return positions.detach().to(device=self.device, dtype=self.dtype)
         positions = np.asarray(positions, dtype=np.float64)
         if self.device.type != "cuda":
-            return torch.from_numpy(positions).to(self.dtype)
+            return torch.tensor(positions, dtype=self.dtype)  # a copy: callers move their arrays in place
         if self._pinned_in is None or self._pinned_in.shape != positions.shape:
-            self._pinned_in = torch.empty(positions.shape, dtype=torch.float64, pin_memory=True)
-        self._pinned_in.numpy()[...] = positions
-        return self._pinned_in.to(self.device, non_blocking=True).to(self.dtype)
+            self._pinned_in = torch.empty(positions.shape, dtype=self.dtype, pin_memory=True)
+        self._pinned_in.numpy()[...] = positions  # cast to the engine's dtype on the host
+        return self._pinned_in.to(self.device, non_blocking=True)
 
     def _reuse(self, graph: _Graph, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions mapped next to the list's reference by lattice vectors, and the device flag
-        "some atom moved more than skin / 2" (a 0-d bool tensor; nothing is synchronised)."""
+        "some atom moved more than skin / 2" (a 0-d bool tensor; nothing is synchronised).
+
+        The unwrapping uses the inverse cell computed once per list (the cell is fixed while a
+        list is reused), which takes fewer kernel launches per step than
+        :func:`~flashcart.data.neighbors.displacements`, which recomputes it."""
         if graph.cell_t is not None:
-            d = displacements(pos, graph.reference, graph.cell_t, graph.periodic_t)
-            pos = pos - ((pos - graph.reference) - d)  # whole lattice vectors removed; exact for unwrapped atoms
+            wraps = torch.round((pos - graph.reference) @ graph.inv_cell_t) * graph.periodic_t  # whole lattice vectors
+            pos = pos - wraps @ graph.cell_t  # exact for atoms that were not wrapped (wraps == 0)
         return pos, max_displacement_exceeds(pos, graph.reference, self.skin)
 
     def _build(self, pos: torch.Tensor, numbers: np.ndarray, cell: np.ndarray, pbc: np.ndarray) -> _Graph:
@@ -261,7 +266,8 @@ class Engine:
             batch=batch,
             offset=float(self._atomic_shifts[types].sum()),
             cell_t=cell_t if periodic else None,
-            periodic_t=torch.tensor(pbc, device=dev) if periodic else None,
+            inv_cell_t=torch.linalg.inv(torch.tensor(cell, dtype=torch.float64)).to(dev, self.dtype) if periodic else None,
+            periodic_t=torch.tensor(pbc, dtype=self.dtype, device=dev) if periodic else None,
         )
         self._graph = graph
         self.neighbor_list_builds += 1
@@ -300,11 +306,11 @@ class Engine:
     def _download(self, packed: torch.Tensor) -> np.ndarray:
         """One device-to-host copy (and the step's only synchronisation)."""
         if packed.device.type != "cuda":
-            return packed.numpy().copy()
+            return packed.numpy()
         k = packed.shape[0]
         if self._pinned_out is None or self._pinned_out.shape[0] < k or self._pinned_out.dtype != packed.dtype:
             self._pinned_out = torch.empty(k, dtype=packed.dtype, pin_memory=True)
         buf = self._pinned_out[:k]
         buf.copy_(packed, non_blocking=True)
         torch.cuda.current_stream(packed.device).synchronize()
-        return buf.numpy().copy()
+        return buf.numpy()  # a view: the caller copies out of it before the next call
