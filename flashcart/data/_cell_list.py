@@ -11,8 +11,8 @@ degenerate non-periodic cell vector is fine). Along each direction the bins are 
 ``cutoff / bins_per_cutoff`` thick (face distance), so the partners of an atom lie within ``r_k``
 bins of its own (``r_k = bins_per_cutoff`` normally; more when a periodic cell is thinner than
 the cutoff: then several images of the same atom are found through the wrapped bin offsets).
-Candidates are cut coarsely on the wrapped positions and exactly (float64, input positions and
-shifts) on the survivors. Work is chunked over receivers so at most ``max_candidates`` candidate
+Candidates are cut coarsely in float32 on the wrapped positions (with a margin for rounding) and
+exactly in float64 (input positions and shifts) on the survivors. Work is chunked over receivers so at most ``max_candidates`` candidate
 pairs are held at once.
 """
 
@@ -109,6 +109,17 @@ def _finish(
     return i[idx], j[idx], shift[idx]
 
 
+def _coarse(geo: Geometry, cutoff: float, max_image: list[int]) -> tuple[torch.Tensor, float]:
+    """Wrapped positions ``[n, 3]`` centred and in float32 for the coarse cut, and the squared
+    coarse cutoff: ``cutoff`` plus a margin that covers float32 rounding of coordinates up to the
+    system's extent plus the largest image offset (``max_image`` lattice vectors per direction)."""
+    wrapped = geo.frac @ geo.basis
+    centred = wrapped - wrapped.mean(0)
+    extent = float(centred.abs().max()) + sum(m * float(geo.basis[k].norm()) for k, m in enumerate(max_image))
+    reach = cutoff * (1 + _SLACK) + 1e-5 * (extent + cutoff)  # float32 rounding is ~1e-7 of the magnitude
+    return centred.to(torch.float32), reach * reach
+
+
 def _image_ranges(geo: Geometry, cutoff: float) -> list[int]:
     """Images needed along each periodic direction for wrapped positions (0 elsewhere)."""
     return [int(math.ceil(cutoff * (1 + _SLACK) / h)) if p else 0 for p, h in zip(geo.periodic, geo.heights)]
@@ -128,11 +139,10 @@ def all_pairs(
     reps = _image_ranges(geo, cutoff)
     ranges = [torch.arange(-r, r + 1, device=device) for r in reps]
     shifts = torch.cartesian_prod(*ranges).reshape(-1, 3)  # [S, 3] int64
-    wrapped = geo.frac @ geo.basis  # [n, 3]
-    offsets = shifts.to(torch.float64) @ geo.basis  # [S, 3]
+    wrapped, cutoff2 = _coarse(geo, cutoff, reps)
+    offsets = (shifts.to(torch.float64) @ geo.basis).to(torch.float32)  # [S, 3]
     n_shifts = shifts.shape[0]
     block = max(1, max_candidates // max(1, n * n_shifts))
-    cutoff2 = (cutoff * (1 + _SLACK)) ** 2
     out = []
     for start in range(0, n, block):
         xi = wrapped[start : start + block]
@@ -201,9 +211,11 @@ def cell_list_pairs(
     periodic_t = torch.tensor(geo.periodic, device=device)
     max_count = int(counts.max())
     block = max(1, max_candidates // max(1, n_off * max_count))
-    wrapped = frac @ geo.basis  # [n, 3] Å, inside the cell along periodic directions
+    # bin images reach at most ceil((radius + nbins - 1) / nbins) lattice vectors
+    max_image = [(r + nb - 1) // nb + 1 if p else 0 for r, nb, p in zip(radius, nbins, geo.periodic)]
+    wrapped, reach2 = _coarse(geo, cutoff, max_image)  # float32, centred
     sorted_pos = wrapped.index_select(0, order)  # grouped by bin
-    reach2 = reach * reach
+    basis32 = geo.basis.to(torch.float32)
     out = []
     for start in range(0, n, block):
         stop = min(n, start + block)
@@ -217,7 +229,7 @@ def cell_list_pairs(
         if n_cand == 0:
             continue
         # per (receiver, bin offset) row: the vector to add to a sender's wrapped position
-        row_vec = (image.to(torch.float64) @ geo.basis - wrapped[start:stop, None, :]).reshape(-1, 3)
+        row_vec = (image.to(torch.float32) @ basis32 - wrapped[start:stop, None, :]).reshape(-1, 3)
         row_base = starts[tbin] - (torch.cumsum(cnt, 0) - cnt)  # sorted index = row_base[row] + candidate index
         row = torch.repeat_interleave(torch.arange(cnt.shape[0], device=device), cnt, output_size=n_cand)
         sidx = torch.arange(n_cand, device=device) + row_base.index_select(0, row)
