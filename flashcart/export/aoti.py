@@ -1,0 +1,182 @@
+"""AOTInductor package (``.pt2``): energy and forces, compiled ahead of time.
+
+Load it with ``torch._inductor.aoti_load_package(path)`` (Python) or
+``torch::inductor::AOTIModelPackageLoader`` (C++); FlashCart is not needed at run time::
+
+    runner = torch._inductor.aoti_load_package("model.pt2")
+    energy, forces = runner(positions, atomic_numbers, cell, pbc)
+
+* ``positions [N, 3]`` Å, ``atomic_numbers [N]`` int64, ``cell [3, 3]`` Å (rows are lattice
+  vectors; zeros for a molecule), ``pbc [3]`` bool, on the package's device; floating inputs
+  in the package's dtype. ``N`` and the elements (any of the model's) may differ from the
+  structure the package was exported with.
+* Returns ``energy []`` eV and ``forces [N, 3]`` eV/Å (``-d energy / d positions``), the
+  Predictor's values.
+* The neighbour list is computed inside (positions are wrapped into the cell along periodic
+  directions first). Periodic images are enumerated up to ``max_images`` lattice vectors
+  along each direction, fixed at export (default: what the export structure needs). A cell
+  that needs more (a smaller or more skewed cell), elements the model does not know and a
+  singular periodic cell raise a ``RuntimeError`` that says so and how to re-export; there is
+  no other capacity (atoms and edges are dynamic).
+* ``runner.get_metadata()`` holds ``flashcart_format``, ``elements``, ``cutoff``, ``dtype``,
+  ``device``, ``max_images`` and ``units``.
+
+Built by tracing energy and its gradient with ``make_fx`` (``torch.export`` cannot trace
+``torch.autograd.grad`` itself), exporting that graph with a dynamic atom count and compiling
+it with ``torch._inductor.aoti_compile_and_package``. On CUDA with ``use_triton`` models the
+Triton kernels (``torch.library.triton_op``) are compiled into the package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ..model.potential import FlashCartPotential
+from .model import frozen_copy, structure_energy
+from .neighbors import image_table, images_needed, pair_list, reciprocal_rows, wrap_positions
+
+__all__ = ["build_aoti_graph", "export_aoti", "FORMAT", "required_images"]
+
+FORMAT = "flashcart-aoti-1"
+
+
+def required_images(atoms, cutoff: float) -> tuple[int, int, int]:
+    """Images needed along each lattice vector of ``atoms`` (0 along non-periodic ones)."""
+    if not atoms.pbc.any():
+        return (0, 0, 0)
+    cell = torch.tensor(atoms.cell.array, dtype=torch.float64)
+    need = images_needed(reciprocal_rows(cell), cutoff)
+    return tuple(int(n) if p else 0 for n, p in zip(need.tolist(), atoms.pbc))
+
+
+class _EnergyForces:
+    """The traced function: ``(positions, atomic_numbers, cell, pbc) -> (energy, forces)``."""
+
+    def __init__(self, model: FlashCartPotential, max_images: tuple[int, int, int], reexport_hint: str):
+        self.model = model
+        self.cutoff = float(model.r_max)
+        self.max_images = max_images
+        self.hint = reexport_hint
+        self.elements = list(model.elements)
+
+    def __call__(self, positions, numbers, cell, pbc):
+        model, dtype, dev = self.model, positions.dtype, positions.device
+        z_to_type = model.z_to_type
+        # ---- input checks, all moved to the host at once (one synchronisation on a GPU)
+        z_ok = (numbers >= 0) & (numbers < z_to_type.shape[0])
+        types = z_to_type.index_select(0, numbers.clamp(0, z_to_type.shape[0] - 1))
+        unknown = (~z_ok | (types < 0)).any()
+        periodic = pbc.to(dtype)
+        any_pbc = pbc.any()
+        eye = torch.eye(3, dtype=dtype, device=dev)
+        volume = (cell[0] * torch.linalg.cross(cell[1], cell[2])).sum()
+        singular = any_pbc & (volume.abs() < 1e-9)
+        safe_cell = torch.where(any_pbc & ~singular, cell, eye)  # molecules: no wrapping
+        recip = reciprocal_rows(safe_cell)
+        need = images_needed(recip, self.cutoff) * periodic
+        limit = torch.tensor(self.max_images, dtype=dtype, device=dev)
+        too_few_images = (need > limit).any() & ~singular
+        flags = torch.stack([unknown, singular, too_few_images]).cpu()
+        torch._assert_async(
+            ~flags[0],
+            f"flashcart package: atomic numbers outside the model's elements {self.elements} "
+            "(re-export a package from a model trained on them)",
+        )
+        torch._assert_async(~flags[1], "flashcart package: periodic structure with a singular cell")
+        torch._assert_async(
+            ~flags[2],
+            f"flashcart package: the cell needs more periodic images than this package enumerates "
+            f"(max_images={list(self.max_images)} along its lattice vectors, cutoff {self.cutoff} Å; a cell needs "
+            f"ceil(cutoff / distance between opposite faces) along each). {self.hint}",
+        )
+        # ---- neighbour list and energy
+        positions.requires_grad_(True)
+        pos = wrap_positions(positions, safe_cell, recip, periodic)
+        table = image_table(*self.max_images, dtype, dev)
+        allowed = ((table == 0) | pbc[None, :]).all(dim=1)
+        receivers, senders, image = pair_list(pos, table @ cell, allowed, self.cutoff)
+        shifts = table.index_select(0, image)
+        energy = structure_energy(model, pos, types.clamp_min(0), cell[None], shifts, receivers, senders)
+        (grad,) = torch.autograd.grad(energy, positions)
+        return energy.detach(), -grad
+
+
+def _example(atoms, dtype: torch.dtype, device: torch.device):
+    return (
+        torch.tensor(atoms.positions, dtype=dtype, device=device),
+        torch.tensor(atoms.numbers, dtype=torch.long, device=device),
+        torch.tensor(atoms.cell.array, dtype=dtype, device=device),
+        torch.tensor(atoms.pbc, dtype=torch.bool, device=device),
+    )
+
+
+def build_aoti_graph(model: FlashCartPotential, atoms, dtype: torch.dtype, device: str, max_images: int | None = None):
+    """``(exported program, example inputs, metadata)`` for :func:`export_aoti`."""
+    device = torch.device(device)
+    cutoff = float(model.r_max)
+    need = required_images(atoms, cutoff)
+    if max_images is None:
+        images = need
+    else:
+        if max_images < 0:
+            raise ValueError(f"max_images must be >= 0, got {max_images}")
+        if max_images < max(need):
+            raise ValueError(f"max_images={max_images} is below what the export structure itself needs ({max(need)})")
+        images = (max_images,) * 3
+    hint = (
+        "Re-export with `flashcart-export CHECKPOINT --format aoti --structure FILE --max-images K -o OUT`, "
+        "K at least what your smallest cell needs."
+    )
+    use_triton = bool(model.options.get("use_triton")) and device.type == "cuda"
+    frozen = frozen_copy(model, dtype, device, use_triton=use_triton)
+    fn = _EnergyForces(frozen, images, hint)
+    example = _example(atoms, dtype, device)
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with torch.enable_grad():
+        graph = make_fx(fn, tracing_mode="symbolic", _allow_non_fake_inputs=True)(*example)
+    n_atoms = torch.export.Dim("n_atoms", min=2, max=10_000_000)
+    program = torch.export.export(graph, example, dynamic_shapes=({0: n_atoms}, {0: n_atoms}, None, None), strict=False)
+    metadata = {
+        "flashcart_format": FORMAT,
+        "elements": json.dumps(list(model.elements)),
+        "cutoff": repr(cutoff),
+        "dtype": str(dtype).replace("torch.", ""),
+        "device": device.type,
+        "max_images": json.dumps(list(images)),
+        "units": "positions and cell in Angstrom, energy in eV, forces in eV/Angstrom",
+    }
+    return program, example, metadata
+
+
+def export_aoti(
+    model: FlashCartPotential,
+    atoms,
+    path: str | Path,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    max_images: int | None = None,
+    inductor_configs: dict | None = None,
+) -> Path:
+    """Compile the package for ``model`` (example structure ``atoms``) and write it to ``path`` atomically."""
+    program, _, metadata = build_aoti_graph(model, atoms, dtype, device, max_images)
+    configs = {"aot_inductor.metadata": metadata}
+    if torch.device(device).type == "cpu":
+        configs["cpp.simdlen"] = 1  # as the Predictor: works around an inductor CPU vectoriser assertion
+    configs.update(inductor_configs or {})
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".pt2", dir=path.parent)
+    os.close(fd)
+    try:
+        torch._inductor.aoti_compile_and_package(program, package_path=tmp, inductor_configs=configs)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path

@@ -1,0 +1,106 @@
+"""Exported files as one function of a structure: ``load_exported(path)(positions, numbers, cell, pbc)``.
+
+The object FlashCart's simulation code (and tests) use to evaluate a ``.pt2`` package or a
+TorchScript ``.pt`` file in FlashCart's units: positions and cell in Å, energy in eV,
+forces in eV/Å.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .aoti import FORMAT as AOTI_FORMAT
+from .torchscript import EV_TO_KJ_PER_MOL, NM_TO_ANGSTROM
+
+__all__ = ["load_exported", "ExportedPotential"]
+
+
+class ExportedPotential:
+    """``__call__(positions [N, 3] Å, numbers [N], cell [3, 3] Å, pbc [3]) -> (energy [] eV, forces [N, 3] eV/Å)``.
+
+    Inputs may be numpy arrays or tensors; they are converted to the file's dtype and device.
+    Results are tensors in that dtype on that device. Attributes: ``path``, ``format``
+    (``"aoti"`` or ``"torchscript"``), ``elements``, ``cutoff`` (Å), ``dtype``, ``device``.
+    A TorchScript file evaluates only the atoms (and order) it was exported for.
+    """
+
+    def __init__(self, path: str | Path, device: str | None = None):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"exported model {self.path} does not exist")
+        if self.path.suffix == ".pt2":
+            self._load_aoti(device)
+        elif self.path.suffix == ".pt":
+            self._load_torchscript(device)
+        else:
+            raise ValueError(f"{self.path}: an exported model ends in .pt2 (AOTInductor) or .pt (TorchScript)")
+
+    def _load_aoti(self, device: str | None) -> None:
+        try:
+            self._runner = torch._inductor.aoti_load_package(str(self.path))
+            meta = self._runner.get_metadata()
+        except Exception as err:
+            raise ValueError(f"{self.path}: cannot be loaded as an AOTInductor package ({type(err).__name__}: {err})") from None
+        if meta.get("flashcart_format") != AOTI_FORMAT:
+            raise ValueError(f"{self.path}: not a FlashCart package (metadata flashcart_format={meta.get('flashcart_format')!r})")
+        self.format = "aoti"
+        self.elements = json.loads(meta["elements"])
+        self.cutoff = float(meta["cutoff"])
+        self.max_images = json.loads(meta["max_images"])
+        self.dtype = getattr(torch, meta["dtype"])
+        self.device = torch.device(meta["device"])
+        if device is not None and torch.device(device).type != self.device.type:
+            raise ValueError(f"{self.path} was compiled for {self.device.type}, not {device}; re-export with --device {device}")
+
+    def _load_torchscript(self, device: str | None) -> None:
+        try:
+            self._module = torch.jit.load(str(self.path))
+            numbers = self._module.atomic_numbers
+        except Exception as err:
+            raise ValueError(f"{self.path}: cannot be loaded as a FlashCart TorchScript file ({type(err).__name__}: {err})") from None
+        self.format = "torchscript"
+        self.elements = list(self._module.elements)
+        self.cutoff = float(self._module.cutoff)
+        self.periodic = bool(self._module.periodic)
+        self.numbers = numbers
+        self.dtype = getattr(torch, self._module.dtype_name)
+        self.device = numbers.device
+        if device is not None and torch.device(device).type != self.device.type:
+            raise ValueError(f"{self.path} was exported for {self.device.type}, not {device}; re-export with --device {device}")
+
+    def _tensor(self, x, dtype) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x).to(self.device, dtype)
+
+    def __call__(self, positions, numbers, cell, pbc) -> tuple[torch.Tensor, torch.Tensor]:
+        pos = self._tensor(positions, self.dtype)
+        z = self._tensor(numbers, torch.long)
+        c = self._tensor(cell, self.dtype)
+        p = self._tensor(pbc, torch.bool)
+        if pos.dim() != 2 or pos.shape[1] != 3 or z.shape != (pos.shape[0],) or c.shape != (3, 3) or p.shape != (3,):
+            raise ValueError(
+                f"{self.path}: expected positions [N, 3], numbers [N], cell [3, 3], pbc [3]; got "
+                f"{list(pos.shape)}, {list(z.shape)}, {list(c.shape)}, {list(p.shape)}"
+            )
+        if self.format == "aoti":
+            return self._runner(pos, z, c, p)
+        return self._call_torchscript(pos, z, c, p)
+
+    def _call_torchscript(self, pos, z, c, p):
+        if z.shape != self.numbers.shape or not torch.equal(z, self.numbers):
+            raise ValueError(f"{self.path}: a TorchScript export evaluates only the atoms it was exported for (in that order)")
+        if bool(p.any()) != self.periodic or (self.periodic and not bool(p.all())):
+            raise ValueError(f"{self.path}: exported {'periodic' if self.periodic else 'non-periodic'}, got pbc={p.tolist()}")
+        x = (pos / NM_TO_ANGSTROM).detach().requires_grad_(True)
+        with torch.enable_grad():
+            energy = self._module(x, c / NM_TO_ANGSTROM if self.periodic else None)
+            (grad,) = torch.autograd.grad(energy, x)
+        return energy.detach() / EV_TO_KJ_PER_MOL, -grad / (EV_TO_KJ_PER_MOL * NM_TO_ANGSTROM)
+
+
+def load_exported(path: str | Path, device: str | None = None) -> ExportedPotential:
+    """An :class:`ExportedPotential` for a ``.pt2`` package or a TorchScript ``.pt`` file."""
+    return ExportedPotential(path, device)

@@ -1,0 +1,41 @@
+"""The model as exported: a frozen copy with a chosen backend, dtype and device."""
+
+from __future__ import annotations
+
+import torch
+
+from ..model.potential import FlashCartPotential
+
+__all__ = ["frozen_copy", "structure_energy"]
+
+
+def frozen_copy(model: FlashCartPotential, dtype: torch.dtype, device: torch.device | str, use_triton: bool = False) -> FlashCartPotential:
+    """A copy of ``model`` (same weights) in ``dtype`` on ``device``, in eval mode, parameters frozen.
+
+    ``use_triton=False`` builds it with the generated PyTorch backend, so graphs traced from
+    it contain only standard torch operations; ``True`` keeps Triton for CUDA tensors.
+    """
+    options = {**model.options, "use_triton": use_triton}
+    avg = float(model.avg_neighbors) if hasattr(model, "avg_neighbors") else 1.0
+    copy = FlashCartPotential(list(model.elements), avg_neighbors=avg, **options)
+    copy = copy.to(device=device, dtype=dtype)  # before loading: no rounding through the default dtype
+    copy.load_state_dict(model.state_dict())
+    copy.eval()
+    copy.requires_grad_(False)
+    return copy
+
+
+def structure_energy(
+    model: FlashCartPotential,
+    positions: torch.Tensor,
+    types: torch.Tensor,
+    cell: torch.Tensor,
+    shifts: torch.Tensor,
+    receivers: torch.Tensor,
+    senders: torch.Tensor,
+) -> torch.Tensor:
+    """Energy ``[]`` (eV) of one structure: positions ``[N, 3]`` Å, types ``[N]``, cell ``[1, 3, 3]`` Å,
+    image shifts ``[E, 3]`` (multiples of the lattice vectors), receivers/senders ``[E]`` grouped by receiver."""
+    batch = torch.zeros_like(types)
+    edge_batch = torch.zeros_like(receivers)
+    return model(positions, types, cell, shifts, receivers, senders, batch, edge_batch, 1)[0]

@@ -1,0 +1,90 @@
+"""Shared fixtures of the export tests: a tiny model (perturbed so every layer matters),
+its checkpoint, structures, and the Predictor's reference values."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from ase import Atoms
+from ase.build import bulk, molecule
+
+from flashcart.data import collate, structure_from_atoms
+from flashcart.model import FlashCartPotential, Predictor, save_checkpoint
+from flashcart.testing import TINY_MODEL
+
+ELEMENTS = ["H", "C", "O", "Cu"]
+
+
+def make_model() -> FlashCartPotential:
+    torch.manual_seed(0)
+    m = FlashCartPotential(ELEMENTS, avg_neighbors=5.0, use_triton=False, **TINY_MODEL).double()
+    with torch.no_grad():  # non-trivial gates and products (zero-initialised projections otherwise)
+        for p in m.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+        m.atomic_shifts.copy_(torch.tensor([-0.5, -1.2, -2.1, -3.3], dtype=torch.float64))
+    return m
+
+
+@pytest.fixture(scope="session")
+def model() -> FlashCartPotential:
+    return make_model()
+
+
+@pytest.fixture(scope="session")
+def checkpoint(model, tmp_path_factory):
+    path = tmp_path_factory.mktemp("export_ckpt") / "best"
+    save_checkpoint(model, path)
+    return path
+
+
+def ethanol() -> Atoms:
+    a = molecule("CH3CH2OH")
+    a.rattle(0.05, seed=1)
+    return a
+
+
+def other_molecule() -> Atoms:
+    """Not the exported structure: other atoms, count and order."""
+    a = molecule("CH3COOH")
+    a.rattle(0.05, seed=2)
+    return a
+
+
+def crystal() -> Atoms:
+    """A periodic cell with all four elements (triclinic, atoms outside the cell too)."""
+    a = bulk("Cu", "fcc", a=3.6) * (2, 2, 2)
+    a.symbols[1], a.symbols[2], a.symbols[5] = "C", "O", "H"
+    a.rattle(0.1, seed=3)
+    a.positions[0] += a.cell[0] * 1.5  # outside the cell: wrapped inside the exported files
+    return a
+
+
+def predictor_reference(model: FlashCartPotential, atoms: Atoms, dtype=torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+    """Energy [] eV and forces [N, 3] eV/Å from the Predictor (model in ``dtype``)."""
+    m = copy.deepcopy(model).to(dtype)
+    s = structure_from_atoms(atoms, m.r_max, require_labels=False)
+    out = Predictor(m)(collate([s], m.z_to_type).to(dtype=dtype))
+    return out["energy"][0], out["forces"]
+
+
+def perturbed(atoms: Atoms, seed: int, strain: float = 0.0) -> Atoms:
+    """Moved atoms (and, with ``strain``, a deformed cell, as in NPT)."""
+    a = atoms.copy()
+    a.rattle(0.08, seed=seed)
+    if strain and a.pbc.any():
+        rng = np.random.default_rng(seed)
+        a.set_cell(a.cell.array @ (np.eye(3) + strain * rng.standard_normal((3, 3))), scale_atoms=True)
+    return a
+
+
+def assert_matches(energy, forces, ref_energy, ref_forces, rel: float, what: str) -> None:
+    """Energy and forces within ``rel`` of the reference, relative to ``max(1, |reference|)``."""
+    e_err = abs(float(energy) - float(ref_energy)) / max(1.0, abs(float(ref_energy)))
+    f = torch.as_tensor(forces, dtype=torch.float64)
+    rf = ref_forces.to(torch.float64)
+    assert f.shape == rf.shape, f"{what}: forces shape {tuple(f.shape)} != {tuple(rf.shape)}"
+    f_err = float((f - rf).abs().max()) / max(1.0, float(rf.abs().max()))
+    assert e_err <= rel and f_err <= rel, f"{what}: energy error {e_err:.2e}, force error {f_err:.2e} (allowed {rel:.0e})"
