@@ -11,19 +11,29 @@ padding edge is longer than the cutoff: its envelope and radial weights are exac
 and it contributes nothing. Results are sliced back to the real atoms and graphs. Batches
 that fit the capacities reuse the compiled graph; a larger batch grows the capacities and
 compiles once more.
+
+Global state is touched only inside the calls that need it: ``torch._dynamo.config.trace_autograd_ops``
+(the force derivative inside the compiled graph) is patched around compiled calls only, and
+parameters are frozen (``requires_grad=False``) for the duration of a call without
+``create_graph`` only when some of them still require grad (see :meth:`Predictor.frozen`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import warnings
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
 from ..data.batch import Batch
 
-__all__ = ["Predictor", "energy_forces_stress", "Capacities"]
+__all__ = ["Predictor", "energy_forces_stress", "Capacities", "frozen_parameters", "CUDA_GRAPH_MODES"]
+
+# torch.compile modes that replay CUDA graphs (they need CUDA tensors).
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 def energy_forces_stress(
@@ -67,6 +77,32 @@ def energy_forces_stress(
     return energy, f, s
 
 
+@contextlib.contextmanager
+def frozen_parameters(parameters: Iterable[torch.nn.Parameter]) -> Iterator[None]:
+    """Inside the block, the given parameters that required grad do not; restored on exit.
+
+    Force-only predictions use it so that no kernel computes weight gradients nobody asked
+    for (as in a simulation, whose parameters are fixed).
+    """
+    thawed = [p for p in parameters if p.requires_grad]
+    for p in thawed:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in thawed:
+            p.requires_grad_(True)
+
+
+def _compile_context(compiled: bool) -> contextlib.AbstractContextManager:
+    """Dynamo settings for a compiled call (its first call compiles): trace ``autograd.grad``."""
+    if not compiled:
+        return contextlib.nullcontext()
+    import torch._dynamo.config as dynamo_config
+
+    return dynamo_config.patch(trace_autograd_ops=True)
+
+
 @dataclass
 class Capacities:
     atoms: int = 0
@@ -85,10 +121,17 @@ class Predictor:
         model: a :class:`~flashcart.model.FlashCartPotential`.
         compile: wrap the evaluation in ``torch.compile``.
         compile_mode: ``default``, ``reduce-overhead``, ``max-autotune`` or ``max-autotune-no-cudagraphs``.
+            On CPU tensors the inductor backend gets the mode's options without CUDA graphs
+            (plus a CPU vectoriser work-around); a mode in :data:`CUDA_GRAPH_MODES` then warns
+            once that it runs without CUDA graphs.
         compile_fullgraph, compile_dynamic: passed to ``torch.compile``.
         pad: pad to growing capacities (default: same as ``compile``).
         pad_atom_multiple, pad_edge_multiple, pad_graph_multiple: capacity rounding.
         compile_backend: ``torch.compile`` backend (tests count compilations with their own).
+
+    Calls without ``create_graph`` freeze the model's parameters for the call (no weight
+    gradients are computed); a caller making many such calls can enter :meth:`frozen` once
+    instead, so that no call toggles ``requires_grad``.
     """
 
     def __init__(
@@ -114,6 +157,7 @@ class Predictor:
         self._compiled: dict[tuple, Callable] = {}
         self._pad_cache: tuple | None = None  # (graph tensors, capacities, padded batch)
         self._parameters = list(model.parameters())
+        self._warned_cpu_mode = False
 
     @classmethod
     def from_config(
@@ -210,8 +254,34 @@ class Predictor:
 
     # ------------------------------------------------------------------ evaluation
 
-    def _function(self, forces: bool, stress: bool, create_graph: bool) -> Callable:
-        key = (forces, stress, create_graph)
+    def frozen(self) -> contextlib.AbstractContextManager:
+        """Context manager: the model's parameters do not require grad inside (restored on exit).
+
+        Calls with ``create_graph=True`` (training) need parameter gradients: do not make them
+        inside this block.
+        """
+        return frozen_parameters(self._parameters)
+
+    def _compile_options(self, device_type: str) -> dict[str, Any]:
+        """``mode``/``options`` for ``torch.compile`` on tensors of ``device_type``."""
+        mode = None if self.compile_mode == "default" else self.compile_mode
+        if self.compile_backend != "inductor" or device_type == "cuda":
+            return {"mode": mode}
+        from torch._inductor import list_mode_options
+
+        options = {k: v for k, v in list_mode_options(self.compile_mode).items() if k != "triton.cudagraphs"}
+        options["cpp.simdlen"] = 1  # works around an inductor CPU vectoriser assertion
+        if self.compile_mode in CUDA_GRAPH_MODES and not self._warned_cpu_mode:
+            self._warned_cpu_mode = True
+            warnings.warn(
+                f"compile_mode={self.compile_mode!r} replays CUDA graphs, which need CUDA tensors: "
+                f"on {device_type} it compiles with the rest of the mode's options and without CUDA graphs",
+                stacklevel=3,
+            )
+        return {"options": options}
+
+    def _function(self, forces: bool, stress: bool, create_graph: bool, device_type: str) -> Callable:
+        key = (forces, stress, create_graph, device_type)
         if key not in self._compiled:
             model = self.model
 
@@ -221,20 +291,12 @@ class Predictor:
                 )
 
             if self.compile:
-                import torch._dynamo.config as dynamo_config
-
-                dynamo_config.trace_autograd_ops = True  # autograd.grad (forces) inside the graph
-                options = None
-                if self.compile_backend == "inductor" and not torch.cuda.is_available():
-                    options = {"cpp.simdlen": 1}  # works around an inductor CPU vectoriser assertion
-                mode = None if options else (None if self.compile_mode == "default" else self.compile_mode)
                 run = torch.compile(
                     run,
                     fullgraph=self.compile_fullgraph,
                     dynamic=self.compile_dynamic,
                     backend=self.compile_backend,
-                    mode=mode,
-                    options=options,
+                    **self._compile_options(device_type),
                 )
             self._compiled[key] = run
         return self._compiled[key]
@@ -248,21 +310,19 @@ class Predictor:
         strain = None
         if stress:
             strain = torch.zeros(b.n_graphs, 3, 3, dtype=positions.dtype, device=positions.device, requires_grad=True)
-        fn = self._function(forces, stress, create_graph)
-        cudagraphs = self.compile and self.compile_mode in ("reduce-overhead", "max-autotune") and positions.is_cuda
+        fn = self._function(forces, stress, create_graph, positions.device.type)
+        cudagraphs = self.compile and self.compile_mode in CUDA_GRAPH_MODES and positions.is_cuda
         if cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()  # outputs of the previous call may be reused
-        # Without create_graph nothing differentiates the parameters: freeze them for the call,
-        # so no kernel computes weight gradients (as in a simulation, whose parameters are frozen).
-        frozen = [] if create_graph else [p for p in self._parameters if p.requires_grad]
-        try:
-            for p in frozen:
-                p.requires_grad_(False)
-            with torch.enable_grad() if need_grad else torch.no_grad():
-                energy, f, s = fn(positions, strain, b.types, b.cell, b.shifts, b.receivers, b.senders, b.batch, b.edge_batch, b.n_graphs)
-        finally:
-            for p in frozen:
-                p.requires_grad_(True)
+        # Without create_graph nothing differentiates the parameters: unless the caller froze them
+        # already (Predictor.frozen), freeze them for this call.
+        freeze = not create_graph and any(p.requires_grad for p in self._parameters)
+        with (
+            frozen_parameters(self._parameters) if freeze else contextlib.nullcontext(),
+            _compile_context(self.compile),
+            torch.enable_grad() if need_grad else torch.no_grad(),
+        ):
+            energy, f, s = fn(positions, strain, b.types, b.cell, b.shifts, b.receivers, b.senders, b.batch, b.edge_batch, b.n_graphs)
         out = {"energy": energy[:g]}
         if forces:
             out["forces"] = f[:n]
