@@ -221,9 +221,10 @@ def main() -> None:
         print(line)
     print(f"structure={args.structure} atoms={len(atoms)} device={args.device} compile={args.compile_mode or 'eager'} skin={args.skin}")
     print(f"profiler inference: {prof:.6f} s/run")
-    engine = None
+    engine, steps = None, {}
     for name in args.engines:
         step, engine = (ase_md if name == "ase" else openmm_md)(model, atoms, args)
+        steps[name] = step
         label = "ASE MD step:   " if name == "ase" else "OpenMM MD step:"
         print(
             f"{label} {step:.6f} s/step = {1 / step:.0f} steps/s, {step / prof:.3f} x profiler "
@@ -231,10 +232,17 @@ def main() -> None:
         )
     if engine is not None:
         print("where a step goes (s per call):")
-        for what, t in breakdown(engine, atoms, args).items():
-            print(f"  {what:<40} {t:.6f}")
-        if "openmm" in args.engines:
-            print(f"  {'OpenMM PythonForce round trip (zero forces)':<40} {openmm_round_trip(atoms, args):.6f}")
+        parts = breakdown(engine, atoms, args)
+        for what, t in parts.items():
+            print(f"  {what:<45} {t:.6f}")
+        evaluate, bare = parts["evaluate (reused list)"], parts["predictor call on the engine's batch"]
+        print(f"  {'engine around the model (evaluate - predictor)':<45} {evaluate - bare:.6f}")
+        print(f"  {'padded predictor call - profiler s/run':<45} {bare - prof:.6f}")
+        if "openmm" in steps:
+            print(f"  {'OpenMM PythonForce round trip (zero forces)':<45} {openmm_round_trip(atoms, args):.6f}")
+            print(f"  {'OpenMM step - evaluate':<45} {steps['openmm'] - evaluate:.6f}")
+        if "ase" in steps:
+            print(f"  {'ASE step - evaluate':<45} {steps['ase'] - evaluate:.6f}")
 
 
 if __name__ == "__main__":
