@@ -15,14 +15,30 @@ from functools import lru_cache
 
 import torch
 
-__all__ = ["LinearSpec", "linear_spec", "linear_key", "launch_table", "n_tiles", "N_COLS", "FWD", "BWD_X", "BWD_W"]
+__all__ = [
+    "LinearSpec",
+    "linear_spec",
+    "linear_key",
+    "launch_table",
+    "n_tiles",
+    "COLUMNS",
+    "COLUMN",
+    "OPERAND_FIELDS",
+    "N_COLS",
+    "FWD",
+    "BWD_X",
+    "BWD_W",
+]
 
-# Table columns (the kernel reads them at these positions): 0-1 M = M_MUL * rows + M_CONST,
-# 2 N, 3-4 K = K_MUL * rows + K_CONST, 5 scale fan-in, then the operand descriptors of A, B
-# and C at 6, 13 and 20 (off, Di, si_hi, si_lo, Dj, sj_hi, sj_lo): element (i, j) lives at
-# off + (i // Di) * si_hi + (i % Di) * si_lo + (j // Dj) * sj_hi + (j % Dj) * sj_lo.
-M_MUL, M_CONST, N_SIZE = 0, 1, 2
-N_COLS = 27
+# The table columns, named once: the kernel (``_triton/linear_kernel.py``) derives the positions
+# it reads from these lists. Sizes: M = m_mul * rows + m_const, N = n_size,
+# K = k_mul * rows + k_const; ``fan``: the fan-in of the 1/sqrt(fan) scale. Then one descriptor
+# per operand A, B, C (``a_off``, ``a_di``, ...): element (i, j) lives at
+# off + (i // di) * si_hi + (i % di) * si_lo + (j // dj) * sj_hi + (j % dj) * sj_lo.
+OPERAND_FIELDS = ("off", "di", "si_hi", "si_lo", "dj", "sj_hi", "sj_lo")
+COLUMNS = ("m_mul", "m_const", "n_size", "k_mul", "k_const", "fan") + tuple(f"{x}_{f}" for x in "abc" for f in OPERAND_FIELDS)
+COLUMN = {name: i for i, name in enumerate(COLUMNS)}
+N_COLS = len(COLUMNS)
 BIG = 1 << 62  # a divisor no index reaches
 
 
@@ -61,13 +77,26 @@ def linear_key(in_l_max: int, out_l_max: int, f_in: int, f_out: int, paths: list
     return f"{in_l_max}|{out_l_max}|{f_in}|{f_out}|{','.join(map(str, paths))}"
 
 
-def _rows(off: int, comps: int, row_stride: int, comp_stride: int) -> list[int]:
+def _rows(off: int, comps: int, row_stride: int, comp_stride: int) -> dict[str, int]:
     """Operand indexed by ``(row * comps + c, j)``: a rank block inside feature rows."""
-    return [off, comps, row_stride, comp_stride, BIG, 0, 1]
+    return dict(off=off, di=comps, si_hi=row_stride, si_lo=comp_stride, dj=BIG, sj_hi=0, sj_lo=1)
 
 
-def _plain(off: int, stride_i: int, stride_j: int) -> list[int]:
-    return [off, BIG, 0, stride_i, BIG, 0, stride_j]
+def _cols(off: int, comps: int, row_stride: int, comp_stride: int) -> dict[str, int]:
+    """Operand indexed by ``(i, row * comps + c)``: the transpose of :func:`_rows`."""
+    return dict(off=off, di=BIG, si_hi=0, si_lo=1, dj=comps, sj_hi=row_stride, sj_lo=comp_stride)
+
+
+def _plain(off: int, stride_i: int, stride_j: int) -> dict[str, int]:
+    return dict(off=off, di=BIG, si_hi=0, si_lo=stride_i, dj=BIG, sj_hi=0, sj_lo=stride_j)
+
+
+def _row(m: tuple[int, int], n: int, k: tuple[int, int], fan: int, a: dict, b: dict, c: dict) -> tuple[int, ...]:
+    """One table row in :data:`COLUMNS` order; ``m``/``k``: (rows multiplier, constant)."""
+    named = dict(m_mul=m[0], m_const=m[1], n_size=n, k_mul=k[0], k_const=k[1], fan=fan)
+    for x, desc in (("a", a), ("b", b), ("c", c)):
+        named.update({f"{x}_{f}": desc[f] for f in OPERAND_FIELDS})
+    return tuple(named[name] for name in COLUMNS)
 
 
 FWD, BWD_X, BWD_W = 0, 1, 2
@@ -82,8 +111,8 @@ def n_tiles(key: str, kind: int, n_rows: int, bm: int, bn: int) -> int:
     """Programs of one launch (host-side, from the same rows as the table: no device access)."""
     total = 0
     for r in launch_rows(key)[kind]:
-        m = r[M_MUL] * n_rows + r[M_CONST]
-        total += -(-m // bm) * -(-r[N_SIZE] // bn)
+        m = r[COLUMN["m_mul"]] * n_rows + r[COLUMN["m_const"]]
+        total += -(-m // bm) * -(-r[COLUMN["n_size"]] // bn)
     return total
 
 
@@ -95,50 +124,38 @@ def launch_rows(key: str) -> tuple:
         d, k, fan = 2 * l + 1, s.k[l], s.f_in * s.paths[l]
         # y[row*d+c, o] = sum_k x[row*d+c, k] W[o, k]
         fwd.append(
-            [
-                d,
-                0,
-                s.f_out,
-                0,
-                k,
-                fan,
-                *_rows(s.in_off[l], d, s.in_width, k),
-                *_plain(s.w_off[l], 1, k),
-                *_rows(s.out_off[l], d, s.out_width, s.f_out),
-            ]
+            _row(
+                m=(d, 0),
+                n=s.f_out,
+                k=(0, k),
+                fan=fan,
+                a=_rows(s.in_off[l], d, s.in_width, k),
+                b=_plain(s.w_off[l], 1, k),
+                c=_rows(s.out_off[l], d, s.out_width, s.f_out),
+            )
         )
         # gx[row*d+c, k] = sum_o gy[row*d+c, o] W[o, k]
         bwd_x.append(
-            [
-                d,
-                0,
-                k,
-                0,
-                s.f_out,
-                fan,
-                *_rows(s.out_off[l], d, s.out_width, s.f_out),
-                *_plain(s.w_off[l], k, 1),
-                *_rows(s.in_off[l], d, s.in_width, k),
-            ]
+            _row(
+                m=(d, 0),
+                n=k,
+                k=(0, s.f_out),
+                fan=fan,
+                a=_rows(s.out_off[l], d, s.out_width, s.f_out),
+                b=_plain(s.w_off[l], k, 1),
+                c=_rows(s.in_off[l], d, s.in_width, k),
+            )
         )
         # gW[o, k] = sum_{row, c} gy[row*d+c, o] x[row*d+c, k]
         bwd_w.append(
-            [
-                0,
-                s.f_out,
-                k,
-                d,
-                0,
-                fan,
-                s.out_off[l],
-                BIG,
-                0,
-                1,
-                d,
-                s.out_width,
-                s.f_out,
-                *_rows(s.in_off[l], d, s.in_width, k),
-                *_plain(s.w_off[l], k, 1),
-            ]
+            _row(
+                m=(0, s.f_out),
+                n=k,
+                k=(d, 0),
+                fan=fan,
+                a=_cols(s.out_off[l], d, s.out_width, s.f_out),
+                b=_rows(s.in_off[l], d, s.in_width, k),
+                c=_plain(s.w_off[l], k, 1),
+            )
         )
-    return (tuple(map(tuple, fwd)), tuple(map(tuple, bwd_x)), tuple(map(tuple, bwd_w)))
+    return (tuple(fwd), tuple(bwd_x), tuple(bwd_w))

@@ -12,7 +12,8 @@ symmetry, path reduction) holds three kernels:
 * ``tp_bwd_x1_csr``: convolution-mode gradient of input 1, one program per sender walking
   that sender's edges (a permutation sorting edges by sender), again without atomics.
 
-Inputs with one channel are broadcast by a zero channel stride; gradients are produced
+Parameter lists come from ``signatures`` (shared with the launcher in ``ops.py``, which passes
+every argument by name). Inputs with one channel are broadcast by a zero channel stride; gradients are produced
 per channel and reduced by the caller. The double backward is composed of these kernels
 with substituted operands (every map here is bilinear), see ``ops.py``.
 
@@ -33,6 +34,7 @@ from .._expressions import (
     product_vjp_b_table,
 )
 from .._paths import Path
+from .signatures import EXPANSION_FWD, EXPANSION_SECOND, EXPANSION_VJP, TP_BWD_EDGE, TP_BWD_X1_CSR, TP_FWD
 
 __all__ = ["generate_product_source", "generate_expansion_source", "out_offsets"]
 
@@ -84,32 +86,8 @@ def _load_inputs(lines, paths, indent, a_ptr="pa", b_ptr="pb", need_a=True, need
                 lines.append(indent + _load(f"b{l}_{j}", b_ptr, f"{l * l + j} * F2C", "f2"))
 
 
-def _header(name: str, args: list[str], constexprs: list[str]) -> list[str]:
-    return ["@triton.jit", f"def {name}(", *[f"{_I}{a}," for a in args], *[f"{_I}{c}: tl.constexpr," for c in constexprs], "):"]
-
-
 def _fwd(paths, offsets, n_out) -> list[str]:
-    L = _header(
-        "tp_fwd",
-        [
-            "x1_ptr",
-            "x2_ptr",
-            "w_ptr",
-            "out_ptr",
-            "rowptr_ptr",
-            "send_ptr",
-            "x1_row",
-            "x2_row",
-            "w_row",
-            "out_row",
-            "F1S",
-            "F2S",
-            "F1C",
-            "F2C",
-            "F",
-        ],
-        ["CONV", "BLOCK_F", "DT"],
-    )
+    L = TP_FWD.header(_I)
     I, II = _I, _I * 2
     L += [
         f"{I}row = tl.cast(tl.program_id(0), tl.int64)",
@@ -154,33 +132,7 @@ def _alias_go(lines, paths, offsets, indent):
 
 
 def _bwd_edge(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
-    L = _header(
-        "tp_bwd_edge",
-        [
-            "go_ptr",
-            "x1_ptr",
-            "x2_ptr",
-            "w_ptr",
-            "g1_ptr",
-            "g2_ptr",
-            "gw_ptr",
-            "recv_ptr",
-            "send_ptr",
-            "go_row",
-            "x1_row",
-            "x2_row",
-            "w_row",
-            "g1_row",
-            "g2_row",
-            "gw_row",
-            "F1S",
-            "F2S",
-            "F1C",
-            "F2C",
-            "F",
-        ],
-        ["CONV", "NEED_G1", "NEED_G2", "NEED_GW", "REDUCE_G2", "BLOCK_F", "DT"],
-    )
+    L = TP_BWD_EDGE.header(_I)
     I, II = _I, _I * 2
     L += [
         f"{I}r = tl.cast(tl.program_id(0), tl.int64)",
@@ -253,26 +205,7 @@ def _grad_block(paths, attr, indent, ptr, vjp, l_max, reduce_flag=None) -> list[
 
 
 def _bwd_x1_csr(paths, offsets, n_out, in1_l_max) -> list[str]:
-    L = _header(
-        "tp_bwd_x1_csr",
-        [
-            "go_ptr",
-            "x2_ptr",
-            "w_ptr",
-            "g1_ptr",
-            "srowptr_ptr",
-            "perm_ptr",
-            "recv_ptr",
-            "go_row",
-            "x2_row",
-            "w_row",
-            "g1_row",
-            "F2S",
-            "F2C",
-            "F",
-        ],
-        ["BLOCK_F", "DT"],
-    )
+    L = TP_BWD_X1_CSR.header(_I)
     I, II = _I, _I * 2
     L += [
         f"{I}j = tl.cast(tl.program_id(0), tl.int64)",
@@ -381,13 +314,13 @@ def generate_expansion_source(l_max: int) -> str:
     ]
     comps = [(l, p) for l in range(l_max + 1) for p in range(2 * l + 1)]
     # forward
-    L += _header("expansion_fwd", ["u_ptr", "out_ptr", "n"], ["BLOCK", "DT"]) + head
+    L += EXPANSION_FWD.header(_I) + head
     for k, (l, p) in enumerate(comps):
         value = "tl.full([BLOCK], 1.0, dtype=DT)" if l == 0 else _poly(expansion_table(l)[p])
         L.append(f"{I}tl.store(out_ptr + r64 * {width} + {k}, {value}, mask=rm)")
     L.append("")
     # vjp: grad_u[k] = sum_p g_p dT_p/du_k
-    L += _header("expansion_vjp", ["u_ptr", "g_ptr", "gu_ptr", "n"], ["BLOCK", "DT"]) + head
+    L += EXPANSION_VJP.header(_I) + head
     for k in range(3):
         L.append(f"{I}gu{k} = tl.zeros([BLOCK], dtype=DT)")
     for idx, (l, p) in enumerate(comps):
@@ -404,7 +337,7 @@ def generate_expansion_source(l_max: int) -> str:
     # second order: given g (output cotangent), v (cotangent of grad_u):
     #   d g  = J v        (jvp, [n, width])
     #   d u  = sum_p g_p H_p v   ([n, 3])
-    L += _header("expansion_second", ["u_ptr", "g_ptr", "v_ptr", "dg_ptr", "du_ptr", "n"], ["BLOCK", "DT"]) + head
+    L += EXPANSION_SECOND.header(_I) + head
     for k in range(3):
         L.append(f"{I}v{k} = tl.load(v_ptr + r64 * 3 + {k}, mask=rm, other=0.0)")
         L.append(f"{I}du{k} = tl.zeros([BLOCK], dtype=DT)")

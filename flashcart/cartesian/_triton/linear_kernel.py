@@ -1,8 +1,9 @@
 """Grouped matrix product for equivariant linear maps: every rank in one launch.
 
 Group ``g`` (one tensor rank) computes ``C_g = A_g @ B_g / sqrt(fan_g)`` with
-``A_g: [M_g, K_g]``, ``B_g: [K_g, N_g]``. The launch table (``flashcart.cartesian._linear_spec``)
-gives each size as ``mul * n_rows + const`` and each operand element ``(i, j)`` at
+``A_g: [M_g, K_g]``, ``B_g: [K_g, N_g]``. The launch table (``flashcart.cartesian._linear_spec``,
+whose column names give the positions read here) gives each size as ``mul * n_rows + const``
+and each operand element ``(i, j)`` at
 ``off + (i // Di) * si_hi + (i % Di) * si_lo + (j // Dj) * sj_hi + (j % Dj) * sj_lo``, which
 covers rank blocks ``[rows, 2l+1, channels]`` inside feature rows (``i = row * (2l+1) + c``)
 as well as plain weight matrices and their transposes. Programs find their group from tile
@@ -17,16 +18,39 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .._linear_spec import COLUMN, OPERAND_FIELDS
+
+# Column positions, derived from the column names of the table builder (``_linear_spec``).
+_M_MUL = tl.constexpr(COLUMN["m_mul"])
+_M_CONST = tl.constexpr(COLUMN["m_const"])
+_N_SIZE = tl.constexpr(COLUMN["n_size"])
+_K_MUL = tl.constexpr(COLUMN["k_mul"])
+_K_CONST = tl.constexpr(COLUMN["k_const"])
+_FAN = tl.constexpr(COLUMN["fan"])
+_A = tl.constexpr(COLUMN["a_off"])  # first column of each operand descriptor
+_B = tl.constexpr(COLUMN["b_off"])
+_C = tl.constexpr(COLUMN["c_off"])
+# positions inside a descriptor (relative to its ``off`` column)
+_OFF = tl.constexpr(OPERAND_FIELDS.index("off"))
+_DI = tl.constexpr(OPERAND_FIELDS.index("di"))
+_SI_HI = tl.constexpr(OPERAND_FIELDS.index("si_hi"))
+_SI_LO = tl.constexpr(OPERAND_FIELDS.index("si_lo"))
+_DJ = tl.constexpr(OPERAND_FIELDS.index("dj"))
+_SJ_HI = tl.constexpr(OPERAND_FIELDS.index("sj_hi"))
+_SJ_LO = tl.constexpr(OPERAND_FIELDS.index("sj_lo"))
+if any(COLUMN[f"{x}_{f}"] != COLUMN[f"{x}_off"] + i for x in "abc" for i, f in enumerate(OPERAND_FIELDS)):
+    raise AssertionError("_linear_spec.COLUMNS must list each operand's fields together, in OPERAND_FIELDS order")
+
 
 @triton.jit
 def _addr(tab, base: tl.constexpr, i, j):
-    off = tl.load(tab + base)
-    di = tl.load(tab + base + 1)
-    si_hi = tl.load(tab + base + 2)
-    si_lo = tl.load(tab + base + 3)
-    dj = tl.load(tab + base + 4)
-    sj_hi = tl.load(tab + base + 5)
-    sj_lo = tl.load(tab + base + 6)
+    off = tl.load(tab + base + _OFF)
+    di = tl.load(tab + base + _DI)
+    si_hi = tl.load(tab + base + _SI_HI)
+    si_lo = tl.load(tab + base + _SI_LO)
+    dj = tl.load(tab + base + _DJ)
+    sj_hi = tl.load(tab + base + _SJ_HI)
+    sj_lo = tl.load(tab + base + _SJ_LO)
     return off + (i // di) * si_hi + (i % di) * si_lo + (j // dj) * sj_hi + (j % dj) * sj_lo
 
 
@@ -54,17 +78,17 @@ def grouped_matmul(
     g_start = tl.cast(0, tl.int64)
     start = tl.cast(0, tl.int64)
     for i in tl.static_range(N_GROUPS):
-        m_i = tl.load(table_ptr + i * NCOL + 0) * rows + tl.load(table_ptr + i * NCOL + 1)
-        n_i = tl.load(table_ptr + i * NCOL + 2)
+        m_i = tl.load(table_ptr + i * NCOL + _M_MUL) * rows + tl.load(table_ptr + i * NCOL + _M_CONST)
+        n_i = tl.load(table_ptr + i * NCOL + _N_SIZE)
         sel = pid >= start
         g = tl.where(sel, i, g)
         g_start = tl.where(sel, start, g_start)
         start += ((m_i + BM - 1) // BM) * ((n_i + BN - 1) // BN)
     tab = table_ptr + g * NCOL
-    m_size = tl.load(tab + 0) * rows + tl.load(tab + 1)
-    n_size = tl.load(tab + 2)
-    k_size = tl.load(tab + 3) * rows + tl.load(tab + 4)
-    fan = tl.load(tab + 5)
+    m_size = tl.load(tab + _M_MUL) * rows + tl.load(tab + _M_CONST)
+    n_size = tl.load(tab + _N_SIZE)
+    k_size = tl.load(tab + _K_MUL) * rows + tl.load(tab + _K_CONST)
+    fan = tl.load(tab + _FAN)
     tile = pid - g_start
     tiles_n = (n_size + BN - 1) // BN
     tm = tile // tiles_n
@@ -80,8 +104,8 @@ def grouped_matmul(
     for k0 in range(k_lo, k_hi, BK):
         rk = k0 + tl.arange(0, BK)
         k_mask = rk < k_hi
-        a_off = _addr(tab, 6, rm[:, None], rk[None, :])
-        b_off = _addr(tab, 13, rk[:, None], rn[None, :])
+        a_off = _addr(tab, _A, rm[:, None], rk[None, :])
+        b_off = _addr(tab, _B, rk[:, None], rn[None, :])
         a = tl.load(a_ptr + a_off, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         b = tl.load(b_ptr + b_off, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
         if USE_DOT:
@@ -96,5 +120,5 @@ def grouped_matmul(
         s32 = tl.div_rn(tl.full([], 1.0, tl.float32), tl.sqrt_rn(tl.cast(fan1, tl.float32)))
         scale = tl.cast(s32, c_ptr.dtype.element_ty)
     scale = tl.where(fan > 0, scale, tl.zeros_like(scale))
-    c_off = _addr(tab, 20, rm[:, None], rn[None, :])
+    c_off = _addr(tab, _C, rm[:, None], rn[None, :])
     tl.store(c_ptr + split * c_split_stride + c_off, acc * scale, mask=m_mask[:, None] & n_mask[None, :])

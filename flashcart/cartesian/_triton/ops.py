@@ -27,6 +27,7 @@ from torch import Tensor
 from .._layout import edge_csr
 from .._linear_spec import BWD_W, BWD_X, FWD, N_COLS, linear_spec, n_tiles
 from .linear_kernel import grouped_matmul
+from .signatures import EXPANSION_FWD, EXPANSION_SECOND, EXPANSION_VJP, TP_BWD_EDGE, TP_BWD_X1_CSR, TP_FWD
 from .source import expansion_module, product_key, product_module, product_spec
 
 __all__ = ["tensor_product", "direction_expansion", "equivariant_linear", "edge_csr"]
@@ -81,26 +82,29 @@ def tp_fwd(
         return out
     x1, x2, w = x1.contiguous(), x2.contiguous(), w.contiguous()
     block, warps = _block_f(F)
-    product_module(key).tp_fwd[(rows, triton.cdiv(F, block))](
-        x1,
-        x2,
-        w,
-        out,
-        rowptr if conv else out,
-        senders if conv else out,
-        x1.shape[1],
-        x2.shape[1],
-        0 if w.dim() == 1 else w.shape[1],
-        out.shape[1],
-        int(f1 != 1),
-        int(f2 != 1),
-        f1,
-        f2,
-        F,
+    unused = out  # any tensor: pointer arguments the kernel does not read (CONV off)
+    TP_FWD.launch(
+        product_module(key),
+        (rows, triton.cdiv(F, block)),
+        num_warps=warps,
+        x1_ptr=x1,
+        x2_ptr=x2,
+        w_ptr=w,
+        out_ptr=out,
+        rowptr_ptr=rowptr if conv else unused,
+        send_ptr=senders if conv else unused,
+        x1_row=x1.shape[1],
+        x2_row=x2.shape[1],
+        w_row=0 if w.dim() == 1 else w.shape[1],
+        out_row=out.shape[1],
+        F1S=int(f1 != 1),
+        F2S=int(f2 != 1),
+        F1C=f1,
+        F2C=f2,
+        F=F,
         CONV=conv,
         BLOCK_F=block,
         DT=_DT[out.dtype],
-        num_warps=warps,
     )
     return out
 
@@ -151,30 +155,33 @@ def tp_bwd(
     mod = product_module(key)
     w_row = 0 if shared else w.shape[1]
     if rows and F and (need_x2 or need_w or (need_x1 and not conv)):
-        dummy = go
+        unused = go  # any tensor: pointer arguments the kernel does not read (their NEED_*/CONV flag is off)
         eblock = triton.next_power_of_2(F) if reduce_g2 else block
-        mod.tp_bwd_edge[(rows, triton.cdiv(F, eblock))](
-            go,
-            x1,
-            x2,
-            w,
-            g1 if need_x1 and not conv else dummy,
-            g2 if need_x2 else dummy,
-            gw if need_w else dummy,
-            receivers if conv else dummy,
-            senders if conv else dummy,
-            go.shape[1],
-            x1.shape[1],
-            x2.shape[1],
-            w_row,
-            g1.shape[-1] if need_x1 else 0,
-            g2.shape[-1] if need_x2 else 0,
-            gw.shape[-1] if need_w else 0,
-            int(f1 != 1),
-            int(f2 != 1),
-            f1,
-            f2,
-            F,
+        TP_BWD_EDGE.launch(
+            mod,
+            (rows, triton.cdiv(F, eblock)),
+            num_warps=max(1, eblock // 32),
+            go_ptr=go,
+            x1_ptr=x1,
+            x2_ptr=x2,
+            w_ptr=w,
+            g1_ptr=g1 if need_x1 and not conv else unused,
+            g2_ptr=g2 if need_x2 else unused,
+            gw_ptr=gw if need_w else unused,
+            recv_ptr=receivers if conv else unused,
+            send_ptr=senders if conv else unused,
+            go_row=go.shape[1],
+            x1_row=x1.shape[1],
+            x2_row=x2.shape[1],
+            w_row=w_row,
+            g1_row=g1.shape[-1] if need_x1 else 0,
+            g2_row=g2.shape[-1] if need_x2 else 0,
+            gw_row=gw.shape[-1] if need_w else 0,
+            F1S=int(f1 != 1),
+            F2S=int(f2 != 1),
+            F1C=f1,
+            F2C=f2,
+            F=F,
             CONV=conv,
             NEED_G1=need_x1 and not conv,
             NEED_G2=need_x2,
@@ -182,27 +189,28 @@ def tp_bwd(
             REDUCE_G2=reduce_g2,
             BLOCK_F=eblock,
             DT=_DT[dt],
-            num_warps=max(1, eblock // 32),
         )
     if need_x1 and conv and x1.shape[0] and F:
-        mod.tp_bwd_x1_csr[(x1.shape[0], triton.cdiv(F, block))](
-            go,
-            x2,
-            w,
-            g1,
-            srowptr,
-            perm,
-            receivers,
-            go.shape[1],
-            x2.shape[1],
-            w_row,
-            g1.shape[1],
-            int(f2 != 1),
-            f2,
-            F,
+        TP_BWD_X1_CSR.launch(
+            mod,
+            (x1.shape[0], triton.cdiv(F, block)),
+            num_warps=warps,
+            go_ptr=go,
+            x2_ptr=x2,
+            w_ptr=w,
+            g1_ptr=g1,
+            srowptr_ptr=srowptr,
+            perm_ptr=perm,
+            recv_ptr=receivers,
+            go_row=go.shape[1],
+            x2_row=x2.shape[1],
+            w_row=w_row,
+            g1_row=g1.shape[1],
+            F2S=int(f2 != 1),
+            F2C=f2,
+            F=F,
             BLOCK_F=block,
             DT=_DT[dt],
-            num_warps=warps,
         )
     elif need_x1 and conv:
         g1.zero_()
@@ -336,7 +344,9 @@ def expansion_fwd(u: Tensor, l_max: int) -> Tensor:
     u = u.contiguous()
     out = torch.empty(u.shape[0], (l_max + 1) ** 2, dtype=u.dtype, device=u.device)
     if u.shape[0]:
-        expansion_module(l_max).expansion_fwd[_rows_grid(u.shape[0])](u, out, u.shape[0], BLOCK=_ROWS, DT=_DT[u.dtype])
+        EXPANSION_FWD.launch(
+            expansion_module(l_max), _rows_grid(u.shape[0]), u_ptr=u, out_ptr=out, n=u.shape[0], BLOCK=_ROWS, DT=_DT[u.dtype]
+        )
     return out
 
 
@@ -350,7 +360,9 @@ def expansion_vjp(u: Tensor, g: Tensor, l_max: int) -> Tensor:
     u, g = u.contiguous(), g.contiguous()
     gu = torch.empty_like(u)
     if u.shape[0]:
-        expansion_module(l_max).expansion_vjp[_rows_grid(u.shape[0])](u, g, gu, u.shape[0], BLOCK=_ROWS, DT=_DT[u.dtype])
+        EXPANSION_VJP.launch(
+            expansion_module(l_max), _rows_grid(u.shape[0]), u_ptr=u, g_ptr=g, gu_ptr=gu, n=u.shape[0], BLOCK=_ROWS, DT=_DT[u.dtype]
+        )
     return gu
 
 
@@ -366,7 +378,18 @@ def expansion_second(u: Tensor, g: Tensor, v: Tensor, l_max: int) -> tuple[Tenso
     dg = torch.empty_like(g)
     du = torch.empty_like(u)
     if u.shape[0]:
-        expansion_module(l_max).expansion_second[_rows_grid(u.shape[0])](u, g, v, dg, du, u.shape[0], BLOCK=_ROWS, DT=_DT[u.dtype])
+        EXPANSION_SECOND.launch(
+            expansion_module(l_max),
+            _rows_grid(u.shape[0]),
+            u_ptr=u,
+            g_ptr=g,
+            v_ptr=v,
+            dg_ptr=dg,
+            du_ptr=du,
+            n=u.shape[0],
+            BLOCK=_ROWS,
+            DT=_DT[u.dtype],
+        )
     return dg, du
 
 
@@ -426,12 +449,12 @@ def _launch_grouped(a: Tensor, b: Tensor, c: Tensor, table: Tensor, key: str, ki
     if tiles == 0:
         return
     grouped_matmul[(tiles, split)](
-        a,
-        b,
-        c,
-        table[kind],
-        n_rows,
-        c.shape[-1] if split > 1 else 0,
+        a_ptr=a,
+        b_ptr=b,
+        c_ptr=c,
+        table_ptr=table[kind],
+        n_rows=n_rows,
+        c_split_stride=c.shape[-1] if split > 1 else 0,
         N_GROUPS=table.shape[1],
         NCOL=N_COLS,
         BM=_BM,
@@ -594,7 +617,10 @@ def _eager_ok(first: Tensor) -> bool:
     return type(first) is torch.Tensor and not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack() == 0
 
 
-def _dispatching(name: str, op, fn):
+def _dispatching(name: str, op, setup, backward):
+    """Dispatcher for custom op ``op``: its autograd Function in eager mode, the op otherwise."""
+    fn = _eager_function(name, op._init_fn, setup, backward)
+
     def call(*args):
         if _eager_ok(args[0]):
             return fn.apply(*args)
@@ -605,17 +631,12 @@ def _dispatching(name: str, op, fn):
     return call
 
 
-_OPS = {
-    "tp_fwd": (tp_fwd, _tp_setup, _tp_backward),
-    "tp_bwd": (tp_bwd, _tp_bwd_setup, _tp_bwd_backward),
-    "lin_fwd": (lin_fwd, _lin_fwd_setup, _lin_fwd_backward),
-    "lin_bwd_x": (lin_bwd_x, _lin_bx_setup, _lin_bx_backward),
-    "lin_bwd_w": (lin_bwd_w, _lin_bw_setup, _lin_bw_backward),
-    "expansion_fwd": (expansion_fwd, _exp_setup, _exp_backward),
-    "expansion_vjp": (expansion_vjp, _vjp_setup, _vjp_backward),
-}
-# The module-level names (used by the entry points and by every derivative formula above)
-# become dispatchers; ``name.op`` is the custom op.
-for _name, (_op, _setup, _backward) in _OPS.items():
-    globals()[_name] = _dispatching(_name, _op, _eager_function(_name, _op._init_fn, _setup, _backward))
-del _name, _op, _setup, _backward
+# The module-level names, used by the entry points and by every derivative formula above
+# (looked up when those run), become dispatchers; ``name.op`` is the custom op.
+tp_fwd = _dispatching("tp_fwd", tp_fwd, _tp_setup, _tp_backward)
+tp_bwd = _dispatching("tp_bwd", tp_bwd, _tp_bwd_setup, _tp_bwd_backward)
+lin_fwd = _dispatching("lin_fwd", lin_fwd, _lin_fwd_setup, _lin_fwd_backward)
+lin_bwd_x = _dispatching("lin_bwd_x", lin_bwd_x, _lin_bx_setup, _lin_bx_backward)
+lin_bwd_w = _dispatching("lin_bwd_w", lin_bwd_w, _lin_bw_setup, _lin_bw_backward)
+expansion_fwd = _dispatching("expansion_fwd", expansion_fwd, _exp_setup, _exp_backward)
+expansion_vjp = _dispatching("expansion_vjp", expansion_vjp, _vjp_setup, _vjp_backward)

@@ -1,0 +1,121 @@
+"""Argument names of the generated Triton kernels: one list shared by generator and launcher.
+
+``codegen`` writes each kernel's parameter list from a :class:`KernelSignature`, and ``ops``
+launches the kernel through :meth:`KernelSignature.launch`, which passes every argument by
+name and refuses a missing or unknown name, so the two sides cannot drift apart through
+argument order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["KernelSignature", "TP_FWD", "TP_BWD_EDGE", "TP_BWD_X1_CSR", "EXPANSION_FWD", "EXPANSION_VJP", "EXPANSION_SECOND"]
+
+
+@dataclass(frozen=True)
+class KernelSignature:
+    """Name, run-time arguments and ``tl.constexpr`` arguments of one generated kernel (in order)."""
+
+    name: str
+    args: tuple[str, ...]
+    constexprs: tuple[str, ...]
+
+    def header(self, indent: str = "    ") -> list[str]:
+        """Source lines of the ``@triton.jit`` decorator and the ``def`` line with every parameter."""
+        params = [f"{indent}{a}," for a in self.args] + [f"{indent}{c}: tl.constexpr," for c in self.constexprs]
+        return ["@triton.jit", f"def {self.name}(", *params, "):"]
+
+    def launch(self, module: Any, grid: tuple, num_warps: int | None = None, **values: Any) -> None:
+        """Run ``module.<name>[grid]`` with every argument passed by keyword.
+
+        ``values`` must name exactly the kernel's arguments and constexprs (Triton's interpreter
+        silently drops unknown keywords, so the check is done here).
+        """
+        expected = set(self.args) | set(self.constexprs)
+        if values.keys() != expected:
+            missing, unknown = sorted(expected - values.keys()), sorted(values.keys() - expected)
+            raise TypeError(f"kernel {self.name}: missing arguments {missing}, unknown arguments {unknown}")
+        options = {} if num_warps is None else {"num_warps": num_warps}
+        getattr(module, self.name)[grid](**values, **options)
+
+
+# Tensor products (one generated module per configuration, see codegen.generate_product_source).
+# *_ptr: tensor data; *_row: row strides (elements); F1S/F2S: channel stride of input 1/2
+# (0 for a broadcast one-channel input); F1C/F2C: channels of input 1/2; F: output channels.
+TP_FWD = KernelSignature(
+    "tp_fwd",
+    args=(
+        "x1_ptr",
+        "x2_ptr",
+        "w_ptr",
+        "out_ptr",
+        "rowptr_ptr",
+        "send_ptr",
+        "x1_row",
+        "x2_row",
+        "w_row",
+        "out_row",
+        "F1S",
+        "F2S",
+        "F1C",
+        "F2C",
+        "F",
+    ),
+    constexprs=("CONV", "BLOCK_F", "DT"),
+)
+TP_BWD_EDGE = KernelSignature(
+    "tp_bwd_edge",
+    args=(
+        "go_ptr",
+        "x1_ptr",
+        "x2_ptr",
+        "w_ptr",
+        "g1_ptr",
+        "g2_ptr",
+        "gw_ptr",
+        "recv_ptr",
+        "send_ptr",
+        "go_row",
+        "x1_row",
+        "x2_row",
+        "w_row",
+        "g1_row",
+        "g2_row",
+        "gw_row",
+        "F1S",
+        "F2S",
+        "F1C",
+        "F2C",
+        "F",
+    ),
+    constexprs=("CONV", "NEED_G1", "NEED_G2", "NEED_GW", "REDUCE_G2", "BLOCK_F", "DT"),
+)
+TP_BWD_X1_CSR = KernelSignature(
+    "tp_bwd_x1_csr",
+    args=(
+        "go_ptr",
+        "x2_ptr",
+        "w_ptr",
+        "g1_ptr",
+        "srowptr_ptr",
+        "perm_ptr",
+        "recv_ptr",
+        "go_row",
+        "x2_row",
+        "w_row",
+        "g1_row",
+        "F2S",
+        "F2C",
+        "F",
+    ),
+    constexprs=("BLOCK_F", "DT"),
+)
+
+# Direction expansion (codegen.generate_expansion_source); n: rows, BLOCK: rows per program.
+EXPANSION_FWD = KernelSignature("expansion_fwd", args=("u_ptr", "out_ptr", "n"), constexprs=("BLOCK", "DT"))
+EXPANSION_VJP = KernelSignature("expansion_vjp", args=("u_ptr", "g_ptr", "gu_ptr", "n"), constexprs=("BLOCK", "DT"))
+EXPANSION_SECOND = KernelSignature(
+    "expansion_second", args=("u_ptr", "g_ptr", "v_ptr", "dg_ptr", "du_ptr", "n"), constexprs=("BLOCK", "DT")
+)
