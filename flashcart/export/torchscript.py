@@ -26,14 +26,15 @@ import torch
 from torch import Tensor
 
 from ..model.potential import FlashCartPotential
+from ..units import ANGSTROM_PER_NM, KJ_PER_MOL_PER_EV
 from ..utils.io import atomic_write
 from .model import frozen_copy, structure_energy
 from .neighbors import image_table, images_needed, pair_list, reciprocal_rows, wrap_positions
 
 __all__ = ["export_torchscript", "TorchForceModule", "EV_TO_KJ_PER_MOL", "NM_TO_ANGSTROM"]
 
-EV_TO_KJ_PER_MOL = 96.48533212331002  # e * N_A / 1000
-NM_TO_ANGSTROM = 10.0
+EV_TO_KJ_PER_MOL = KJ_PER_MOL_PER_EV
+NM_TO_ANGSTROM = ANGSTROM_PER_NM
 
 
 class _Energy(torch.nn.Module):

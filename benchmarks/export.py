@@ -1,0 +1,158 @@
+"""Exported files next to the Predictor: export/compile time, file size, s/call.
+
+For each structure: a freshly initialised model (timings do not depend on the weights) is
+timed through the Predictor (eager, neighbour list built once outside the timing, and with
+the list built every call as the exported files do; on CUDA also ``reduce-overhead``), then
+exported as TorchScript (energy + autograd forces, as openmm-torch's TorchForce calls it)
+and as an AOTInductor package (energy + forces, neighbour list inside).
+
+    python benchmarks/export.py --device cpu --structures ethanol
+    python benchmarks/export.py --device cuda --structures water diamond --r-max 6 \\
+        --model n_interactions=2 correlation=3 n_hidden_feats=20 l_max_hidden_feats=2 path_reduced_product=true
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.md_vs_profile import structure  # noqa: E402
+from flashcart.data import collate, structure_from_atoms  # noqa: E402
+from flashcart.export import export_aoti, export_torchscript, load_exported  # noqa: E402
+from flashcart.model import FlashCartPotential, Predictor  # noqa: E402
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def per_call(fn, device: torch.device, repeat: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(repeat):
+        fn()
+    _sync(device)
+    return (time.perf_counter() - t0) / repeat
+
+
+def bench(name: str, args) -> list[dict]:
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    atoms = structure(name)
+    options = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in args.model)}
+    if args.r_max:
+        options["r_max"] = args.r_max
+    elements = sorted(set(atoms.get_chemical_symbols()))
+    model = FlashCartPotential(elements, avg_neighbors=20.0, **options).to(device=device, dtype=dtype).eval()
+    model.requires_grad_(False)
+    rows = []
+    s = structure_from_atoms(atoms, model.r_max, require_labels=False, device=device)
+    batch = collate([s], model.z_to_type.cpu()).to(device, dtype)
+    tag = f"{name} ({len(atoms)} atoms, {s.n_edges} edges), {args.dtype}"
+
+    eager = Predictor(model)
+    rows.append(
+        {"structure": tag, "what": "Predictor eager (list reused)", "s_per_call": per_call(lambda: eager(batch), device, args.repeat)}
+    )
+    pos = torch.tensor(atoms.positions, dtype=dtype, device=device)
+    cell = torch.tensor(atoms.cell.array, dtype=dtype, device=device)
+    pbc = torch.tensor(atoms.pbc, device=device)
+
+    def with_list():  # the list built every call, as the exported files do
+        fresh = structure_from_atoms(atoms, model.r_max, require_labels=False, device=device)
+        return eager(collate([fresh], model.z_to_type.cpu()).to(device, dtype))
+
+    rows.append({"structure": tag, "what": "Predictor eager + neighbour list", "s_per_call": per_call(with_list, device, args.repeat)})
+    if device.type == "cuda":
+        graphs = Predictor(model, compile=True, compile_mode="reduce-overhead")
+        t0 = time.perf_counter()
+        graphs(batch)
+        _sync(device)
+        compile_s = time.perf_counter() - t0
+        rows.append(
+            {
+                "structure": tag,
+                "what": "Predictor reduce-overhead (list reused)",
+                "s_per_call": per_call(lambda: graphs(batch), device, args.repeat),
+                "export_s": compile_s,
+            }
+        )
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for fmt, suffix in (("torchscript", ".pt"), ("aoti", ".pt2")):
+            if fmt not in args.formats:
+                continue
+            path = Path(tmp) / f"{name}{suffix}"
+            t0 = time.perf_counter()
+            if fmt == "torchscript":
+                export_torchscript(model, atoms, path, dtype, str(device))
+            else:
+                export_aoti(model, atoms, path, dtype, str(device))
+            export_s = time.perf_counter() - t0
+            pot = load_exported(path)
+            numbers = torch.tensor(atoms.numbers, device=device)
+            if fmt == "torchscript":
+                module = pot._module
+                x_nm = (pos / 10.0).requires_grad_(True)
+                box = cell / 10.0 if atoms.pbc.any() else None
+
+                def call():  # what TorchForce does: energy, then its gradient
+                    e = module(x_nm, box)
+                    return torch.autograd.grad(e, x_nm)
+
+            else:
+
+                def call():
+                    return pot._runner(pos, numbers, cell, pbc)
+
+            rows.append(
+                {
+                    "structure": tag,
+                    "what": f"{fmt} ({suffix}, neighbour list inside)",
+                    "s_per_call": per_call(call, device, args.repeat),
+                    "export_s": export_s,
+                    "size_MB": path.stat().st_size / 1e6,
+                }
+            )
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    p.add_argument("--structures", nargs="+", default=["ethanol"], help="ethanol, water (768 atoms), diamond (1000 atoms)")
+    p.add_argument("--formats", nargs="+", default=["torchscript", "aoti"])
+    p.add_argument("--model", nargs="*", default=[], help="model options KEY=VALUE (configs/default.yaml keys)")
+    p.add_argument("--r-max", type=float, default=None)
+    p.add_argument("--repeat", type=int, default=20)
+    p.add_argument("--json", default=None, help="also write the rows here")
+    args = p.parse_args()
+    rows = []
+    for name in args.structures:
+        rows += bench(name, args)
+    print(f"torch {torch.__version__}, device {args.device}" + (f" ({torch.cuda.get_device_name()})" if args.device == "cuda" else ""))
+    print("| structure | evaluation | s/call | export/compile s | file MB |")
+    print("| --- | --- | ---: | ---: | ---: |")
+    for r in rows:
+        exp = f"{r['export_s']:.1f}" if "export_s" in r else ""
+        size = f"{r['size_MB']:.2f}" if "size_MB" in r else ""
+        print(f"| {r['structure']} | {r['what']} | {r['s_per_call']:.3e} | {exp} | {size} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
