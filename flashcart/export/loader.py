@@ -26,6 +26,8 @@ class ExportedPotential:
     Results are tensors in that dtype on that device. Attributes: ``path``, ``format``
     (``"aoti"`` or ``"torchscript"``), ``elements``, ``cutoff`` (Å), ``dtype``, ``device``.
     A TorchScript file evaluates only the atoms (and order) it was exported for.
+    :meth:`evaluate` is the :class:`~flashcart.simulation.Evaluator` interface, so the
+    simulation adapters (ASE, OpenMM, ``flashcart-md``) can run on an exported file.
     """
 
     def __init__(self, path: str | Path, device: str | None = None):
@@ -88,6 +90,24 @@ class ExportedPotential:
         if self.format == "aoti":
             return self._runner(pos, z, c, p)
         return self._call_torchscript(pos, z, c, p)
+
+    def evaluate(self, positions, numbers, cell=None, pbc=None, stress: bool = False):
+        """The :class:`~flashcart.simulation.Evaluator` interface: an
+        :class:`~flashcart.simulation.Evaluation` (energy eV, forces ``[N, 3]`` eV/Å, on the host in float64).
+
+        ``cell=None`` is a molecule; ``pbc=None`` means periodic in all directions when a cell is
+        given. Exported files compute no stress: ``stress=True`` is an error.
+        """
+        from ..simulation.evaluator import Evaluation
+
+        if stress:
+            raise ValueError(f"{self.path}: exported files compute energy and forces, not stress")
+        cell_np = np.zeros((3, 3)) if cell is None else np.asarray(cell, dtype=np.float64).reshape(3, 3)
+        pbc_np = np.full(3, cell is not None) if pbc is None else np.broadcast_to(np.asarray(pbc, dtype=bool), (3,)).copy()
+        if isinstance(positions, torch.Tensor):
+            positions = positions.detach()
+        energy, forces = self(positions, numbers, cell_np, pbc_np)
+        return Evaluation(float(energy), forces.detach().to("cpu", torch.float64).numpy())
 
     def _call_torchscript(self, pos, z, c, p):
         if z.shape != self.numbers.shape or not torch.equal(z, self.numbers):

@@ -125,3 +125,15 @@ def test_file_loads_with_torch_alone(molecule_module, tmp_path):
     out = subprocess.run([sys.executable, "-I", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert abs(float(out.stdout.strip().splitlines()[-1]) - expected) <= 1e-9 * max(1.0, abs(expected))
+
+
+def test_evaluator_interface(model, molecule_module):
+    """load_exported(...).evaluate is the simulation engine's Evaluator interface (host float64 results)."""
+    _, path = molecule_module
+    pot = load_exported(path)
+    atoms = perturbed(ethanol(), 8)
+    result = pot.evaluate(atoms.positions, atoms.numbers)  # cell None: a molecule
+    assert result.forces.dtype.name == "float64" and result.stress is None
+    assert_matches(result.energy, result.forces, *predictor_reference(model, atoms), 1e-10, "evaluate")
+    with pytest.raises(ValueError, match="not stress"):
+        pot.evaluate(atoms.positions, atoms.numbers, stress=True)
