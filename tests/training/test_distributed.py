@@ -309,3 +309,16 @@ def test_dying_rank_stops_all_and_resume_equals_uninterrupted(data, ddp_run):
     _assert_states_close(_state(ddp_run), _state(out), 0.0)
     rows = (out / "metrics.csv").read_text().splitlines()
     assert [r.split(",")[0] for r in rows[1:]] == ["1", "2", "3"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_two_gpus_nccl_equal_one_gpu_with_the_global_batch(data):
+    """NCCL and the Triton kernels: 2 GPUs x 2 structures == 1 GPU x 4 structures (float64)."""
+    gpu = {"device": "gpu", "use_triton": True}
+    ddp, single = data / "gpu_ddp", data / "gpu_single"
+    distributed.spawn(_recording_worker, 2, config(data, ddp, strategy="ddp", devices=2, train_batch_size=2, **gpu), False)
+    train(config(data, single, train_batch_size=4, **gpu), progress=False)
+    r0, r1 = torch.load(ddp / "rank0.pt"), torch.load(ddp / "rank1.pt")
+    assert all(torch.equal(r0[k], r1[k]) for k in r0)
+    _assert_states_close(_state(single), _state(ddp), 1e-8)  # GPU scatter sums differ in the last bits
