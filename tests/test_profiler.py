@@ -89,7 +89,10 @@ def test_missing_data_is_a_clear_error(data, capsys):
 
 @pytest.mark.slow
 def test_compiled_prediction(data, capsys):
+    from torch._dynamo.utils import counters
+
     torch._dynamo.reset()
+    counters.clear()
     out = run(
         data,
         capsys,
@@ -102,3 +105,6 @@ def test_compiled_prediction(data, capsys):
     )
     assert "compile=True" in out
     parse_timer(out, "inference fwd\\+bwd")
+    # dynamo captured the prediction as a graph (without graph breaks) and AOT autograd compiled it
+    assert counters["stats"]["unique_graphs"] >= 1 and counters["aot_autograd"]["ok"] >= 1, dict(counters)
+    assert not counters["graph_break"], dict(counters["graph_break"])
