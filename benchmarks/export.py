@@ -6,7 +6,9 @@ the list built every call as the exported files do; on CUDA also ``reduce-overhe
 exported as TorchScript (energy + autograd forces, as openmm-torch's TorchForce calls it)
 and as an AOTInductor package (energy + forces, neighbour list inside).
 
-    python benchmarks/export.py --device cpu --structures ethanol
+    python benchmarks/export.py --device cpu --structures ethanol --config examples/ethanol/config.yaml
+    PYTHONPATH=. ~/.cache/flashcart-openmmtorch-venv/bin/python benchmarks/export.py --formats torchscript \
+        --config examples/ethanol/config.yaml --openmm-platform CPU
     python benchmarks/export.py --device cuda --structures water diamond --r-max 6 \\
         --model n_interactions=2 correlation=3 n_hidden_feats=20 l_max_hidden_feats=2 path_reduced_product=true
 """
@@ -27,9 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.md_vs_profile import structure  # noqa: E402
+from flashcart.config import load_config  # noqa: E402
 from flashcart.data import collate, structure_from_atoms  # noqa: E402
 from flashcart.export import export_aoti, export_torchscript, load_exported  # noqa: E402
-from flashcart.model import FlashCartPotential, Predictor  # noqa: E402
+from flashcart.model import MODEL_KEYS, FlashCartPotential, Predictor  # noqa: E402
 
 
 def _sync(device: torch.device) -> None:
@@ -48,10 +51,51 @@ def per_call(fn, device: torch.device, repeat: int, warmup: int = 3) -> float:
     return (time.perf_counter() - t0) / repeat
 
 
+def torchforce_row(path: Path, atoms, reference: dict, tag: str, args) -> dict:
+    """openmm-torch's TorchForce on the file: s per energy+forces evaluation and the deviation from the Predictor."""
+    import numpy as np
+    import openmm
+    from openmmtorch import TorchForce
+
+    from flashcart.units import KJ_PER_MOL_NM_PER_EV_ANGSTROM, KJ_PER_MOL_PER_EV
+
+    system = openmm.System()
+    for _ in range(len(atoms)):
+        system.addParticle(1.0)
+    force = TorchForce(str(path))
+    periodic = bool(atoms.pbc.all())
+    force.setUsesPeriodicBoundaryConditions(periodic)
+    system.addForce(force)
+    if periodic:
+        system.setDefaultPeriodicBoxVectors(*[openmm.Vec3(*row) * 0.1 for row in atoms.cell.array])
+    ctx = openmm.Context(system, openmm.VerletIntegrator(0.001), openmm.Platform.getPlatformByName(args.openmm_platform))
+    ctx.setPositions(atoms.positions * 0.1)
+
+    def call():
+        return ctx.getState(getEnergy=True, getForces=True)
+
+    state = call()
+    energy = state.getPotentialEnergy().value_in_unit(openmm.unit.kilojoule_per_mole) / KJ_PER_MOL_PER_EV
+    forces = np.asarray(state.getForces(asNumpy=True).value_in_unit(openmm.unit.kilojoule_per_mole / openmm.unit.nanometer))
+    forces = forces / KJ_PER_MOL_NM_PER_EV_ANGSTROM
+    ref_f = reference["forces"].double().cpu().numpy()
+    de = abs(energy - float(reference["energy"][0]))
+    df = float(np.abs(forces - ref_f).max()) / max(1.0, float(np.abs(ref_f).max()))
+    return {
+        "structure": tag,
+        "what": f"TorchForce, OpenMM {args.openmm_platform} (|dE| {de:.1e} eV, max rel dF {df:.1e})",
+        "s_per_call": per_call(call, torch.device("cpu"), args.repeat),
+    }
+
+
 def bench(name: str, args) -> list[dict]:
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     atoms = structure(name)
-    options = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in args.model)}
+    options = {}
+    if args.config:
+        cfg = load_config(args.config)
+        options = {k: cfg[k] for k in MODEL_KEYS}
+    options.update({k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in args.model)})
     if args.r_max:
         options["r_max"] = args.r_max
     elements = sorted(set(atoms.get_chemical_symbols()))
@@ -117,6 +161,8 @@ def bench(name: str, args) -> list[dict]:
                 def call():
                     return pot._runner(pos, numbers, cell, pbc)
 
+            if fmt == "torchscript" and args.openmm_platform:
+                rows.append(torchforce_row(path, atoms, eager(batch), tag, args))
             rows.append(
                 {
                     "structure": tag,
@@ -135,10 +181,14 @@ def main() -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     p.add_argument("--structures", nargs="+", default=["ethanol"], help="ethanol, water (768 atoms), diamond (1000 atoms)")
     p.add_argument("--formats", nargs="+", default=["torchscript", "aoti"])
-    p.add_argument("--model", nargs="*", default=[], help="model options KEY=VALUE (configs/default.yaml keys)")
+    p.add_argument("--config", default=None, help="take the model options from this configuration (default: configs/default.yaml)")
+    p.add_argument("--model", nargs="*", default=[], help="model options KEY=VALUE (configs/default.yaml keys), over --config")
     p.add_argument("--r-max", type=float, default=None)
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--json", default=None, help="also write the rows here")
+    p.add_argument(
+        "--openmm-platform", default=None, help="also run the TorchScript file in openmm-torch's TorchForce (Reference, CPU, CUDA)"
+    )
     args = p.parse_args()
     rows = []
     for name in args.structures:

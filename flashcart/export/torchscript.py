@@ -19,6 +19,7 @@ kJ/mol`` for the atoms (and their order) of the structure it was exported for. F
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -139,7 +140,10 @@ def build_torchscript(model: FlashCartPotential, atoms, dtype: torch.dtype = tor
     device = torch.device(device)
     frozen = frozen_copy(model, dtype, device, use_triton=False)
     example = _example_inputs(frozen, atoms, dtype, device)
-    with torch.jit.optimized_execution(False):
+    with warnings.catch_warnings():
+        # the layers' shape checks become constants of the trace: expected, they only validate;
+        # tests/export evaluates other sizes than the traced ones
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
         traced = torch.jit.trace(_Energy(frozen), example, check_trace=False)
     numbers = torch.tensor(atoms.numbers, dtype=torch.long, device=device)
     module = TorchForceModule(traced, example[1], numbers, list(frozen.elements), float(frozen.r_max), all(pbc), dtype)
