@@ -5,6 +5,9 @@ Run directory (``output_path``): ``config.yaml`` (merged), ``train.log``, ``metr
 ``training_state.pt``). Starting the same command again resumes from ``log/``: the run
 continues from the last saved epoch and, on the CPU, ends with the same weights as an
 uninterrupted run (shuffling is seeded per epoch; optimizer, EMA and RNG states are saved).
+
+With ``devices x n_nodes > 1`` the same loop runs in one process per device with
+DistributedDataParallel (:mod:`flashcart.training.distributed`); rank 0 writes the run directory.
 """
 
 from __future__ import annotations
