@@ -17,9 +17,10 @@ BACKENDS = [
 def _cases():
     rng = np.random.default_rng(0)
     out = {}
-    # periodic triclinic, positions well outside the cell (unwrapped)
+    # periodic triclinic, positions outside the cell (unwrapped: up to 20 cells away)
     cell = np.array([[7.0, 0.0, 0.0], [2.1, 6.5, 0.0], [-1.3, 1.7, 8.2]])
-    out["triclinic_unwrapped"] = (rng.uniform(0, 1, (40, 3)) @ cell + rng.normal(0, 4.0, (40, 3)), cell, (True, True, True), 5.0)
+    unwrapped = rng.uniform(0, 1, (40, 3)) @ cell + rng.normal(0, 4.0, (40, 3)) + rng.integers(-20, 21, (40, 3)) @ cell
+    out["triclinic_unwrapped"] = (unwrapped, cell, (True, True, True), 5.0)
     # a larger triclinic cell: several bins per direction in the cell list
     cell = np.array([[14.0, 0.0, 0.0], [3.0, 13.0, 0.0], [-2.0, 2.5, 12.5]])
     out["triclinic_many_bins"] = (rng.uniform(-0.2, 1.2, (160, 3)) @ cell, cell, (True, True, True), 3.5)
