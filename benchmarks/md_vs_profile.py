@@ -228,7 +228,8 @@ def main() -> None:
         label = "ASE MD step:   " if name == "ase" else "OpenMM MD step:"
         print(
             f"{label} {step:.6f} s/step = {1 / step:.0f} steps/s, {step / prof:.3f} x profiler "
-            f"({args.steps} steps, {engine.neighbor_list_builds} neighbour lists, {engine.stale_evaluations} stale evaluations)"
+            f"({args.steps} steps, {engine.neighbor_list_builds} neighbour lists, {engine.early_rebuilds} of them early, "
+            f"{engine.stale_evaluations} stale evaluations)"
         )
     if engine is not None:
         print("where a step goes (s per call):")

@@ -6,11 +6,13 @@ It owns what a simulation needs around the model call:
 * device placement and dtype of the model and of the inputs;
 * neighbour-list reuse with a skin: the list is built with cutoff ``r_max + skin`` and reused
   while no atom has moved more than ``skin / 2`` from where it was when the list was built.
-  The check runs on the device and its flag travels to the host in the same transfer as the
-  energy and forces, so a step that reuses the list synchronises exactly once (when the results
-  are copied back). If the flag says the list was stale, the result is discarded and the step is
-  evaluated again with a fresh list: a rebuild step costs one extra model call, every other step
-  costs no extra synchronisation. Atoms wrapped back into a periodic cell (as OpenMM and
+  The largest displacement is computed on the device and travels to the host in the same
+  transfer as the energy and forces, so a step that reuses the list synchronises exactly once
+  (when the results are copied back). If it says the list was stale, the result is discarded and
+  the step is evaluated again with a fresh list. To avoid paying that extra model call, the
+  engine extrapolates the largest displacement of the last two steps and rebuilds one step
+  early when the next step would probably exceed ``skin / 2`` (an MD step moves atoms by about
+  the same amount each step). Atoms wrapped back into a periodic cell (as OpenMM and
   ``atoms.wrap()`` do) are mapped back next to their reference positions by lattice vectors, so
   wrapping does not force a rebuild;
 * padded capacities (through :meth:`Predictor.reserve`, in :meth:`Engine._ensure_capacity`
@@ -22,6 +24,7 @@ It owns what a simulation needs around the model call:
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -30,7 +33,7 @@ import numpy as np
 import torch
 
 from ..data.batch import Batch, Structure, collate
-from ..data.neighbors import max_displacement_exceeds, neighbor_list
+from ..data.neighbors import neighbor_list
 from ..model.checkpoint import load_checkpoint
 from ..model.potential import FlashCartPotential
 from ..model.predictor import Predictor
@@ -142,6 +145,8 @@ class Engine:
         self._pinned_out: torch.Tensor | None = None
         self.neighbor_list_builds = 0  # lists built (first call, stale lists, changed systems)
         self.stale_evaluations = 0  # calls evaluated with a reused list that turned out stale
+        self.early_rebuilds = 0  # lists rebuilt because the next step was predicted to be stale
+        self._moved = (0.0, 0.0)  # largest displacement (Å) from the list's reference, last two calls
 
     # ------------------------------------------------------------------ public
 
@@ -176,11 +181,15 @@ class Engine:
         pos = self._upload(positions)
         graph = self._graph
         if self.skin > 0 and graph is not None and graph.matches(numbers, cell_np, pbc_np):
-            pos_reused, stale = self._reuse(graph, pos)
-            result = self._run(graph, pos_reused, stress, stale)
-            if result is not None:
-                return result
-            self.stale_evaluations += 1
+            previous, last = self._moved
+            if last + 1.5 * max(last - previous, 0.0) <= 0.5 * self.skin:
+                pos_reused, moved2 = self._reuse(graph, pos)
+                result = self._run(graph, pos_reused, stress, moved2)
+                if result is not None:
+                    return result
+                self.stale_evaluations += 1
+            else:
+                self.early_rebuilds += 1
         graph = self._build(pos, numbers, cell_np, pbc_np)
         return self._run(graph, pos, stress, None)
 
@@ -220,8 +229,8 @@ class Engine:
         return self._pinned_in.to(self.device, non_blocking=True)
 
     def _reuse(self, graph: _Graph, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Positions mapped next to the list's reference by lattice vectors, and the device flag
-        "some atom moved more than skin / 2" (a 0-d bool tensor; nothing is synchronised).
+        """Positions mapped next to the list's reference by lattice vectors, and the largest
+        squared displacement from it (Å^2, a 0-d tensor on the device; nothing is synchronised).
 
         The unwrapping uses the inverse cell computed once per list (the cell is fixed while a
         list is reused), which takes fewer kernel launches per step than
@@ -229,7 +238,8 @@ class Engine:
         if graph.cell_t is not None:
             wraps = torch.round((pos - graph.reference) @ graph.inv_cell_t) * graph.periodic_t  # whole lattice vectors
             pos = pos - wraps @ graph.cell_t  # exact for atoms that were not wrapped (wraps == 0)
-        return pos, max_displacement_exceeds(pos, graph.reference, self.skin)
+        d = pos - graph.reference
+        return pos, (d * d).sum(dim=1).amax()
 
     def _build(self, pos: torch.Tensor, numbers: np.ndarray, cell: np.ndarray, pbc: np.ndarray) -> _Graph:
         """A new neighbour list at ``pos`` (on the engine's device), cached for later calls."""
@@ -283,19 +293,23 @@ class Engine:
             h = 1.0 + self.headroom
             p.reserve(max(n_atoms, int(h * n_atoms)), max(n_edges, int(h * n_edges) + 1), 1)
 
-    def _run(self, graph: _Graph, pos: torch.Tensor, stress: bool, stale: torch.Tensor | None) -> Evaluation | None:
-        """One model call; ``None`` when ``stale`` turns out true (the result is then discarded)."""
+    def _run(self, graph: _Graph, pos: torch.Tensor, stress: bool, moved2: torch.Tensor | None) -> Evaluation | None:
+        """One model call; ``None`` when the largest squared displacement ``moved2`` (Å^2, from
+        the list's reference) turns out above ``(skin / 2)^2`` (the result is then discarded).
+        ``moved2=None``: the list was just built at ``pos``."""
         batch = graph.batch
         batch.positions = pos
         out = self.predictor(batch, forces=True, stress=stress)
         n = pos.shape[0]
-        parts = [out["energy"].reshape(1), (stale if stale is not None else out["energy"].new_zeros(())).to(pos.dtype).reshape(1)]
+        parts = [out["energy"].reshape(1), (moved2 if moved2 is not None else out["energy"].new_zeros(())).to(pos.dtype).reshape(1)]
         parts.append(out["forces"].reshape(-1))
         if stress:
             parts.append(out["stress"].reshape(-1))
         host = self._download(torch.cat(parts))
-        if host[1] > 0:
+        moved = math.sqrt(max(float(host[1]), 0.0))
+        if moved > 0.5 * self.skin:
             return None
+        self._moved = (self._moved[1], moved) if moved2 is not None else (0.0, 0.0)
         energy = float(host[0])
         if not self.add_atomic_offsets:
             energy -= graph.offset

@@ -67,17 +67,30 @@ def test_stale_list_is_detected_and_the_step_recomputed(model):
     atoms = water_cluster()
     engine = Engine(model, device="cpu", dtype="float64", skin=0.4)
     engine.evaluate(atoms.positions, atoms.numbers)
-    small = atoms.positions + 0.05
-    r = engine.evaluate(small, atoms.numbers)
+    small = atoms.positions + 0.01
+    engine.evaluate(small, atoms.numbers)
     assert engine.neighbor_list_builds == 1 and engine.stale_evaluations == 0
     moved = small.copy()
-    moved[4] += [0.25, 0.0, 0.0]  # 0.25 Å > skin / 2 from where the list was built
+    moved[4] += [0.25, 0.0, 0.0]  # 0.25 Å > skin / 2 from where the list was built, unforeseeably
     r = engine.evaluate(moved, atoms.numbers)
-    assert engine.neighbor_list_builds == 2 and engine.stale_evaluations == 1
+    assert engine.neighbor_list_builds == 2 and engine.stale_evaluations == 1 and engine.early_rebuilds == 0
     fresh = atoms.copy()
     fresh.positions = moved
     e_ref, f_ref, _ = reference_evaluation(model, fresh)
     assert abs(r.energy - e_ref) < 1e-9 and np.abs(r.forces - f_ref).max() < 1e-9
+
+
+def test_steady_motion_rebuilds_one_step_early_instead_of_evaluating_twice(model):
+    atoms = water_cluster()
+    engine = Engine(model, device="cpu", dtype="float64", skin=0.4)
+    for step in range(8):  # every atom moves 0.03 Å per step: 0.18 Å after 6 steps, 0.21 after 7
+        pos = atoms.positions + [0.03 * step, 0.0, 0.0]
+        r = engine.evaluate(pos, atoms.numbers)
+        fresh = atoms.copy()
+        fresh.positions = pos
+        assert np.abs(r.forces - reference_evaluation(model, fresh)[1]).max() < 1e-9
+    # after 0.15 and 0.18 Å the next step (0.21 > skin / 2) is foreseen: rebuilt before step 7
+    assert engine.early_rebuilds == 1 and engine.stale_evaluations == 0 and engine.neighbor_list_builds == 2
 
 
 def test_wrapped_atoms_reuse_the_list(model):
