@@ -60,6 +60,7 @@ ALL_PAIRS_MAX_DISTANCES = 100_000
 
 _vesin_module = None  # vesin_torch once imported; False when it is missing or does not load
 _vesin_cuda_failed = False  # "auto" stops trying vesin on CUDA after one failure (warned once)
+_vesin_calculators: dict = {}  # (cutoff, device) -> vesin_torch.NeighborList
 
 
 def vesin_available() -> bool:
@@ -108,9 +109,22 @@ def _check(positions: torch.Tensor, cutoff: float, cell: torch.Tensor, periodic:
             raise ValueError(f"periodic structure with a singular cell {cell.detach().cpu().tolist()} (pbc {periodic})")
 
 
+def _vesin_calculator(cutoff: float, device: torch.device):
+    """A vesin ``NeighborList`` per (cutoff, device), kept so its (CUDA) buffers are reused
+    between rebuilds instead of allocated and freed each time (at most 4 are kept)."""
+    key = (float(cutoff), str(device))
+    nl = _vesin_calculators.pop(key, None)
+    if nl is None:
+        nl = _vesin_module.NeighborList(cutoff=float(cutoff), full_list=True, sorted=True)
+    _vesin_calculators[key] = nl  # most recently used last
+    while len(_vesin_calculators) > 4:
+        _vesin_calculators.pop(next(iter(_vesin_calculators)))
+    return nl
+
+
 def _vesin_pairs(positions, cutoff, cell, periodic, self_interaction):
-    nl = _vesin_module.NeighborList(cutoff=float(cutoff), full_list=True, sorted=True)
     pos = positions.detach().to(torch.float64)
+    nl = _vesin_calculator(cutoff, pos.device)
     box = cell.detach().to(device=pos.device, dtype=torch.float64)
     i, j, s = nl.compute(pos, box, torch.tensor(periodic, device=pos.device), "ijS")
     s = s.to(torch.int64)

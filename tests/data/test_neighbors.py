@@ -81,6 +81,17 @@ def test_self_interaction_and_small_chunks(backend):
     assert bool((i[1:] >= i[:-1]).all())
 
 
+@pytest.mark.skipif(not vesin_available(), reason="vesin-torch is not installed")
+def test_reused_vesin_calculator_returns_independent_lists():
+    """The cached vesin calculator reuses its buffers: earlier results must stay intact."""
+    first = CASES["triclinic_many_bins"]
+    second = CASES["slab"]
+    a = neighbor_list(torch.tensor(first[0]), 4.5, torch.tensor(first[1]), first[2], backend="vesin")
+    b = neighbor_list(torch.tensor(second[0]), 4.5, torch.tensor(second[1]), second[2], backend="vesin")
+    assert our_edges(*a) == ase_edges(first[0], first[1], first[2], 4.5)
+    assert our_edges(*b) == ase_edges(second[0], second[1], second[2], 4.5)
+
+
 def test_backends_agree_in_order_free_terms_and_auto_is_one_of_them():
     pos, cell, pbc, cutoff = CASES["triclinic_many_bins"]
     p, c = torch.tensor(pos), torch.tensor(cell)
