@@ -9,7 +9,8 @@ Contract of :func:`neighbor_list` (every backend):
   mixture of periodic and open directions, and positions outside the cell (they need not be
   wrapped: ``S`` refers to the positions as given);
 * ``receivers`` ``i`` and ``senders`` ``j`` are int64 ``[E]``, ``receivers`` non-decreasing
-  (edges grouped by receiver; the order within a receiver is deterministic but backend-defined);
+  (edges grouped by receiver; the order within a receiver is backend-defined: deterministic for
+  the torch searches);
   ``shifts`` ``S`` ``[E, 3]`` are whole multiples of the lattice vectors (cell rows) in
   ``positions.dtype``, zero along open directions; everything on ``positions.device``;
 * ``i == j`` with ``S == 0`` is left out unless ``self_interaction``.
