@@ -32,6 +32,7 @@ class ExportedPotential:
 
     def __init__(self, path: str | Path, device: str | None = None):
         self.path = Path(path)
+        self.neighbor_list_builds = 0
         if not self.path.is_file():
             raise FileNotFoundError(f"exported model {self.path} does not exist")
         if self.path.suffix == ".pt2":
@@ -74,6 +75,17 @@ class ExportedPotential:
         if device is not None and torch.device(device).type != self.device.type:
             raise ValueError(f"{self.path} was exported for {self.device.type}, not {device}; re-export with --device {device}")
 
+    def check_numbers(self, numbers) -> None:
+        """Raise ``ValueError`` naming the elements of ``numbers`` the exported model does not know."""
+        from ase.data import chemical_symbols
+
+        z = np.asarray(numbers).reshape(-1)
+        bad = sorted({chemical_symbols[int(k)] if 0 < k < len(chemical_symbols) else str(int(k)) for k in z} - set(self.elements))
+        if bad:
+            raise ValueError(f"{self.path}: elements {bad} are not among the model's elements {self.elements}")
+        if self.format == "torchscript" and (len(z) != len(self.numbers) or not np.array_equal(z, self.numbers.cpu().numpy())):
+            raise ValueError(f"{self.path}: a TorchScript export evaluates only the atoms it was exported for (in that order)")
+
     def _tensor(self, x, dtype) -> torch.Tensor:
         return torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x).to(self.device, dtype)
 
@@ -87,6 +99,7 @@ class ExportedPotential:
                 f"{self.path}: expected positions [N, 3], numbers [N], cell [3, 3], pbc [3]; got "
                 f"{list(pos.shape)}, {list(z.shape)}, {list(c.shape)}, {list(p.shape)}"
             )
+        self.neighbor_list_builds += 1  # the files build their neighbour list on every call
         if self.format == "aoti":
             return self._runner(pos, z, c, p)
         return self._call_torchscript(pos, z, c, p)

@@ -10,7 +10,9 @@ import pytest
 import torch
 from ase import Atoms
 from ase.build import bulk, molecule
+from ase.io import write
 
+from flashcart.cli.export import main as export_main
 from flashcart.data import collate, structure_from_atoms
 from flashcart.model import FlashCartPotential, Predictor, save_checkpoint
 from flashcart.testing import TINY_MODEL
@@ -88,3 +90,30 @@ def assert_matches(energy, forces, ref_energy, ref_forces, rel: float, what: str
     assert f.shape == rf.shape, f"{what}: forces shape {tuple(f.shape)} != {tuple(rf.shape)}"
     f_err = float((f - rf).abs().max()) / max(1.0, float(rf.abs().max()))
     assert e_err <= rel and f_err <= rel, f"{what}: energy error {e_err:.2e}, force error {f_err:.2e} (allowed {rel:.0e})"
+
+
+# Smaller than TINY_MODEL (one interaction, rank 1) to keep the compile short; every layer type is present.
+SMALL = {**TINY_MODEL, "n_interactions": 1, "correlation": 2, "l_max_hidden_feats": 1, "l_max_edge_attrs": 1}
+
+
+@pytest.fixture(scope="session")
+def small_model() -> FlashCartPotential:
+    torch.manual_seed(1)
+    m = FlashCartPotential(ELEMENTS, avg_neighbors=5.0, use_triton=False, **SMALL).double()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+        m.atomic_shifts.copy_(torch.tensor([-0.5, -1.2, -2.1, -3.3], dtype=torch.float64))
+    return m
+
+
+@pytest.fixture(scope="session")
+def package64(small_model, tmp_path_factory):
+    """float64 package exported from a checkpoint by the command line, for up to 2 images per side."""
+    tmp = tmp_path_factory.mktemp("aoti")
+    save_checkpoint(small_model, tmp / "best")
+    write(tmp / "ethanol.xyz", ethanol())
+    out = tmp / "ethanol.pt2"
+    argv = [str(tmp / "best"), "--format", "aoti", "--structure", str(tmp / "ethanol.xyz"), "-o", str(out)]
+    assert export_main(argv + ["--dtype", "float64", "--max-images", "2", "--no-progress"]) == 0
+    return out

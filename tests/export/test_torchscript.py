@@ -137,3 +137,9 @@ def test_evaluator_interface(model, molecule_module):
     assert_matches(result.energy, result.forces, *predictor_reference(model, atoms), 1e-10, "evaluate")
     with pytest.raises(ValueError, match="not stress"):
         pot.evaluate(atoms.positions, atoms.numbers, stress=True)
+    pot.check_numbers(atoms.numbers)
+    with pytest.raises(ValueError, match=r"elements \['Na'\] are not among"):
+        pot.check_numbers([11, 1])
+    with pytest.raises(ValueError, match="only the atoms it was exported for"):
+        pot.check_numbers(atoms.numbers[::-1])
+    assert pot.neighbor_list_builds == 1

@@ -1,0 +1,132 @@
+"""AOTInductor packages against the Predictor, run where flashcart cannot be imported.
+
+Compiling a package takes minutes of CPU, so the float64 package is built once per session
+(through ``flashcart-export``, fixture ``package64`` in conftest) for a small model, and every
+structure is checked against that one file.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from ase import Atoms
+
+from flashcart.export import export_aoti, load_exported
+
+from .conftest import ELEMENTS, assert_matches, crystal, ethanol, other_molecule, perturbed, predictor_reference
+
+FAST_COMPILE = {"aot_inductor.compile_wrapper_opt_level": "O0"}
+
+
+def _cases():
+    small = crystal()
+    small.set_cell(small.cell.array * 0.72, scale_atoms=True)  # needs 2 images per side
+    tiny = crystal()
+    tiny.set_cell(tiny.cell.array * 0.45, scale_atoms=True)  # needs 3: beyond the package
+    slab = perturbed(crystal(), 4)
+    slab.pbc = (True, True, False)
+    salt = Atoms("NaCH", positions=[[0, 0, 0], [2.0, 0, 0], [2.5, 1.0, 0]])
+    return {
+        "exported structure, moved": perturbed(ethanol(), 1),
+        "other molecule": other_molecule(),
+        "crystal": perturbed(crystal(), 2),
+        "small cell": small,
+        "slab": slab,
+        "too small cell": tiny,
+        "unknown element": salt,
+    }
+
+
+RUNNER = textwrap.dedent(
+    """
+    import sys
+    class Block:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] == "flashcart":
+                raise ImportError("flashcart is blocked in this test")
+    sys.meta_path.insert(0, Block())
+    import torch
+    try:
+        import flashcart
+        raise SystemExit("flashcart is importable")
+    except ImportError:
+        pass
+    runner = torch._inductor.aoti_load_package(sys.argv[1])
+    results = {}
+    for name, args in torch.load(sys.argv[2]).items():
+        try:
+            results[name] = runner(*args)
+        except Exception as err:
+            results[name] = str(err)
+    torch.save(results, sys.argv[3])
+    """
+)
+
+
+def test_package_without_flashcart_matches_predictor(small_model, package64, tmp_path):
+    cases = _cases()
+    inputs = {
+        name: (
+            torch.tensor(a.positions, dtype=torch.float64),
+            torch.tensor(a.numbers, dtype=torch.long),
+            torch.tensor(a.cell.array, dtype=torch.float64),
+            torch.tensor(a.pbc, dtype=torch.bool),
+        )
+        for name, a in cases.items()
+    }
+    torch.save(inputs, tmp_path / "inputs.pt")
+    cmd = [sys.executable, "-I", "-c", RUNNER, str(package64), str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt")]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = torch.load(tmp_path / "out.pt")
+    for name in ("exported structure, moved", "other molecule", "crystal", "small cell", "slab"):
+        assert not isinstance(results[name], str), f"{name}: {results[name]}"
+        energy, forces = results[name]
+        assert energy.shape == () and energy.dtype == torch.float64
+        assert_matches(energy, forces, *predictor_reference(small_model, cases[name]), 1e-10, name)
+    overflow = results["too small cell"]
+    assert isinstance(overflow, str) and "more periodic images than this package enumerates" in overflow
+    assert "--max-images" in overflow and "max_images=[2, 2, 2]" in overflow
+    unknown = results["unknown element"]
+    assert isinstance(unknown, str) and "outside the model's elements ['H', 'C', 'O', 'Cu']" in unknown
+
+
+def test_load_exported_reads_metadata(small_model, package64):
+    pot = load_exported(package64)
+    assert (pot.format, pot.elements, pot.cutoff, pot.dtype, pot.max_images) == (
+        "aoti",
+        ELEMENTS,
+        small_model.r_max,
+        torch.float64,
+        [2, 2, 2],
+    )
+    atoms = perturbed(crystal(), 9, strain=0.03)
+    assert_matches(
+        *pot(atoms.positions, atoms.numbers, atoms.cell.array, atoms.pbc), *predictor_reference(small_model, atoms), 1e-10, "loader"
+    )
+    with pytest.raises(ValueError, match="expected positions"):
+        pot(atoms.positions[:, :2], atoms.numbers, atoms.cell.array, atoms.pbc)
+
+
+def test_max_images_below_the_structure_need_is_refused(small_model, tmp_path):
+    small = crystal()
+    small.set_cell(small.cell.array * 0.72, scale_atoms=True)
+    with pytest.raises(ValueError, match="below what the export structure itself needs"):
+        export_aoti(small_model, small, tmp_path / "x.pt2", torch.float64, max_images=1)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_float32_package(small_model, tmp_path):
+    """float32, exported on the periodic cell (images from it), evaluated on it and on a molecule."""
+    path = export_aoti(small_model, crystal(), tmp_path / "crystal.pt2", torch.float32, inductor_configs=FAST_COMPILE)
+    pot = load_exported(path)
+    assert pot.dtype == torch.float32 and pot.max_images == [1, 1, 1]
+    for atoms in (perturbed(crystal(), 3, strain=0.02), other_molecule()):
+        energy, forces = pot(atoms.positions, atoms.numbers, atoms.cell.array, atoms.pbc)
+        assert forces.dtype == torch.float32
+        assert_matches(energy, forces, *predictor_reference(small_model, atoms, torch.float32), 1e-5, atoms.get_chemical_formula())
