@@ -190,3 +190,27 @@ def test_mlpotential_errors_are_clear(model, checkpoint, tmp_path):
         MLPotential("flashcart", modelPath=str(tmp_path / "missing"))
     with pytest.raises(ValueError, match=r"elements \['Na'\] are not among the model's elements"):
         create_force(model, [11, 8], device="cpu")
+
+
+def test_mlpotential_interpolating_mixed_system(model, checkpoint):
+    """interpolate=True: lambda_interpolate = 1 gives the mixed ML/MM energy, 0 the force field's."""
+    from openmmml import MLPotential
+
+    box = water_box(tilt=False)
+    top = water_topology(len(box) // 3, box.cell.array / ANGSTROM_PER_NM)
+    mm_system = app.ForceField("amber14/tip3p.xml").createSystem(
+        top, nonbondedMethod=app.CutoffPeriodic, nonbondedCutoff=0.3 * unit.nanometer, constraints=None
+    )
+    potential = MLPotential("flashcart", modelPath=str(checkpoint))
+
+    def energy(system, **parameters):
+        ctx = openmm.Context(system, openmm.VerletIntegrator(0.0002), openmm.Platform.getPlatformByName("Reference"))
+        ctx.setPositions(box.positions / ANGSTROM_PER_NM)
+        for k, v in parameters.items():
+            ctx.setParameter(k, v)
+        return ctx.getState(getEnergy=True).getPotentialEnergy().value_in_unit(unit.kilojoule_per_mole)
+
+    interpolating = potential.createMixedSystem(top, mm_system, [0, 1, 2], interpolate=True, device="cpu", precision="double")
+    mixed = potential.createMixedSystem(top, mm_system, [0, 1, 2], device="cpu", precision="double")
+    assert energy(interpolating, lambda_interpolate=1.0) == pytest.approx(energy(mixed), rel=1e-9)
+    assert energy(interpolating, lambda_interpolate=0.0) == pytest.approx(energy(mm_system), rel=1e-9)
