@@ -35,16 +35,17 @@ class Geometry:
     """Float64 geometry shared by the searches (tensors on the positions' device).
 
     ``basis [3, 3]`` full-rank rows (lattice vectors along periodic directions); ``inv [3, 3]``
-    its inverse; ``heights`` face distances of ``basis`` (Å, host floats); ``periodic`` per
-    direction; ``frac [n, 3]`` fractional coordinates of the wrapped positions (periodic
-    directions in ``[0, 1]``); ``image [n, 3]`` int64 lattice vectors removed by the wrapping
-    (zero along non-periodic directions); ``pos [n, 3]`` float64 input positions; ``cell [3, 3]``
-    float64 cell as given.
+    its inverse; ``heights`` face distances and ``lengths`` row lengths of ``basis`` (Å, host
+    floats); ``periodic`` per direction; ``frac [n, 3]`` fractional coordinates of the wrapped
+    positions (periodic directions in ``[0, 1]``); ``image [n, 3]`` int64 lattice vectors removed
+    by the wrapping (zero along non-periodic directions); ``pos [n, 3]`` float64 input positions;
+    ``cell [3, 3]`` float64 cell as given.
     """
 
     basis: torch.Tensor
     inv: torch.Tensor
     heights: list[float]
+    lengths: list[float]
     periodic: list[bool]
     frac: torch.Tensor
     image: torch.Tensor
@@ -92,7 +93,8 @@ def binning_geometry(positions: torch.Tensor, cell: torch.Tensor, periodic: list
     mask = torch.tensor(periodic, device=device)
     image = torch.where(mask, torch.floor(frac), torch.zeros_like(frac))
     frac = frac - image  # in [0, 1] (a value just below an integer can round up to 1.0: binned last)
-    return Geometry(basis, inv, heights, list(periodic), frac, image.to(torch.int64), pos, cell64.to(device))
+    lengths = basis_h.norm(dim=1).tolist()
+    return Geometry(basis, inv, heights, lengths, list(periodic), frac, image.to(torch.int64), pos, cell64.to(device))
 
 
 def _finish(
@@ -115,7 +117,7 @@ def _coarse(geo: Geometry, cutoff: float, max_image: list[int]) -> tuple[torch.T
     system's extent plus the largest image offset (``max_image`` lattice vectors per direction)."""
     wrapped = geo.frac @ geo.basis
     centred = wrapped - wrapped.mean(0)
-    extent = float(centred.abs().max()) + sum(m * float(geo.basis[k].norm()) for k, m in enumerate(max_image))
+    extent = float(centred.abs().max()) + sum(m * length for m, length in zip(max_image, geo.lengths))
     reach = cutoff * (1 + _SLACK) + 1e-5 * (extent + cutoff)  # float32 rounding is ~1e-7 of the magnitude
     return centred.to(torch.float32), reach * reach
 
