@@ -7,15 +7,27 @@ from typing import Any
 
 import torch
 
-__all__ = ["build_optimizers", "wsd_factor", "EMA"]
+__all__ = ["build_optimizers", "muon_eligible", "wsd_factor", "EMA"]
+
+
+def muon_eligible(name: str, param: torch.Tensor) -> bool:
+    """A hidden weight matrix: 2-D, both sides longer than one, not an embedding."""
+    return param.dim() == 2 and min(param.shape) > 1 and "embedding" not in name
 
 
 def build_optimizers(model: torch.nn.Module, cfg: dict[str, Any]) -> list[torch.optim.Optimizer]:
-    """``optimizer: muon`` -> Muon on 2-D hidden weights (not embeddings), AdamW on the rest."""
+    """``optimizer: muon`` -> Muon on 2-D hidden weights, AdamW on the rest.
+
+    Muon orthogonalises each update, which suits weight matrices mixing several outputs.
+    Embeddings and matrices with a single row or column (the readout's last layer) are
+    vectors in disguise: orthogonalising their update normalises it, so its size no longer
+    follows the gradient and the mean energy settles only as the learning rate decays
+    (measured in ``benchmarks/RESULTS.md``, energy offset). They go to AdamW.
+    """
     lr, wd = cfg["lr"], cfg["weight_decay"]
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if cfg["optimizer"] == "muon":
-        matrices = [p for n, p in named if p.dim() == 2 and "embedding" not in n]
+        matrices = [p for n, p in named if muon_eligible(n, p)]
         ids = {id(p) for p in matrices}
         rest = [p for _, p in named if id(p) not in ids]
         opts: list[torch.optim.Optimizer] = []
