@@ -106,6 +106,18 @@ class Engine:
         headroom: float = 0.1,
         compile_backend: str | Callable = "inductor",
     ):
+        self._options = dict(
+            device=str(device),
+            dtype=dtype,
+            skin=skin,
+            compile_mode=compile_mode,
+            pad=pad,
+            pad_atom_multiple=pad_atom_multiple,
+            pad_edge_multiple=pad_edge_multiple,
+            add_atomic_offsets=add_atomic_offsets,
+            headroom=headroom,
+            compile_backend=compile_backend,
+        )
         self.dtype = _as_dtype(dtype)
         if not skin >= 0:
             raise ValueError(f"skin must be >= 0 (Å), got {skin}")
@@ -194,6 +206,11 @@ class Engine:
         return self._run(graph, pos, stress, None)
 
     __call__ = evaluate
+
+    def __reduce__(self):
+        """Pickled as the model and the options (OpenMM's XmlSerializer pickles PythonForce
+        callbacks); compiled functions, neighbour lists and buffers are rebuilt on first use."""
+        return (_rebuild_engine, (copy.deepcopy(self.model).cpu(), self._atomic_shifts, self._options))
 
     @property
     def n_edges(self) -> int:
@@ -328,3 +345,9 @@ class Engine:
         buf.copy_(packed, non_blocking=True)
         torch.cuda.current_stream(packed.device).synchronize()
         return buf.numpy()  # a view: the caller copies out of it before the next call
+
+
+def _rebuild_engine(model: FlashCartPotential, atomic_shifts: torch.Tensor, options: dict) -> Engine:
+    engine = Engine(model, **options)
+    engine._atomic_shifts = atomic_shifts  # float64, as read before the model was cast
+    return engine

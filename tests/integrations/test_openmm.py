@@ -214,3 +214,18 @@ def test_mlpotential_interpolating_mixed_system(model, checkpoint):
     mixed = potential.createMixedSystem(top, mm_system, [0, 1, 2], device="cpu", precision="double")
     assert energy(interpolating, lambda_interpolate=1.0) == pytest.approx(energy(mixed), rel=1e-9)
     assert energy(interpolating, lambda_interpolate=0.0) == pytest.approx(energy(mm_system), rel=1e-9)
+
+
+def test_system_with_the_force_survives_xml_serialization(model):
+    atoms = water_cluster()
+    system = openmm.System()
+    for m in atoms.get_masses():
+        system.addParticle(m)
+    system.addForce(create_force(model, atoms.numbers, device="cpu", dtype="float64"))
+    copy = openmm.XmlSerializer.deserialize(openmm.XmlSerializer.serialize(system))
+    energies = []
+    for s in (system, copy):
+        ctx = openmm.Context(s, openmm.VerletIntegrator(0.001), openmm.Platform.getPlatformByName("Reference"))
+        ctx.setPositions(atoms.positions / ANGSTROM_PER_NM)
+        energies.append(ctx.getState(getEnergy=True).getPotentialEnergy().value_in_unit(unit.kilojoule_per_mole))
+    assert energies[0] == pytest.approx(energies[1], rel=1e-12)

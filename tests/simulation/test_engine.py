@@ -134,3 +134,15 @@ def test_the_callers_model_is_not_modified(model):
     Engine(model, device="cpu", dtype="float32").evaluate(water_cluster().positions, water_cluster().numbers)
     assert next(model.parameters()).dtype == torch.float64
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_engine_pickles_as_model_and_options(model):
+    import pickle
+
+    atoms = water_box()
+    engine = Engine(model, device="cpu", dtype="float64", skin=0.3, add_atomic_offsets=False)
+    a = engine.evaluate(atoms.positions, atoms.numbers, atoms.cell.array, atoms.pbc)
+    copy = pickle.loads(pickle.dumps(engine))
+    assert copy.skin == 0.3 and copy.add_atomic_offsets is False and copy.neighbor_list_builds == 0
+    b = copy.evaluate(atoms.positions, atoms.numbers, atoms.cell.array, atoms.pbc)
+    assert a.energy == pytest.approx(b.energy, abs=1e-12) and np.array_equal(a.forces, b.forces)
