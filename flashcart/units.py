@@ -19,6 +19,8 @@ __all__ = [
     "angstrom_to_nm",
     "ev_per_angstrom_to_kj_per_mol_nm",
     "kj_per_mol_nm_to_ev_per_angstrom",
+    "angstrom_per_fs_to_nm_per_ps",
+    "nm_per_ps_to_angstrom_per_fs",
 ]
 
 ELEMENTARY_CHARGE = 1.602176634e-19  # C (exact): 1 eV = this many J
@@ -56,3 +58,13 @@ def ev_per_angstrom_to_kj_per_mol_nm(forces):
 def kj_per_mol_nm_to_ev_per_angstrom(forces):
     """Forces (float or array ``[N, 3]``) in kJ/mol/nm -> eV/Å."""
     return forces / KJ_PER_MOL_NM_PER_EV_ANGSTROM
+
+
+def angstrom_per_fs_to_nm_per_ps(velocity):
+    """Velocity (float or array ``[N, 3]``) in Å/fs -> nm/ps (1 Å/fs = 100 nm/ps)."""
+    return velocity * (1000.0 / ANGSTROM_PER_NM)
+
+
+def nm_per_ps_to_angstrom_per_fs(velocity):
+    """Velocity (float or array ``[N, 3]``) in nm/ps -> Å/fs."""
+    return velocity / (1000.0 / ANGSTROM_PER_NM)

@@ -19,9 +19,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 import yaml
+from ase import units as ase_units
 from tqdm import tqdm
 
 from ..config import ConfigError, parse_overrides
+from ..units import angstrom_per_fs_to_nm_per_ps, angstrom_to_nm, nm_per_ps_to_angstrom_per_fs
 from ..utils.io import atomic_write_text
 from .engine import COMPILE_MODES, Engine
 
@@ -173,7 +175,7 @@ def _topology(atoms):
     for sym in atoms.get_chemical_symbols():
         top.addAtom(sym, app.Element.getBySymbol(sym), top.addResidue("MOL", chain))
     if atoms.pbc.all():
-        top.setPeriodicBoxVectors([Vec3(*row) for row in atoms.cell.array / 10.0] * unit.nanometer)
+        top.setPeriodicBoxVectors([Vec3(*row) for row in angstrom_to_nm(atoms.cell.array)] * unit.nanometer)
     return top
 
 
@@ -231,7 +233,7 @@ class _OpenMMMD:
         system.addForce(create_force(engine, atoms.numbers, periodic=periodic))
         if periodic:
             try:
-                system.setDefaultPeriodicBoxVectors(*[openmm.Vec3(*row) for row in atoms.cell.array / 10.0])
+                system.setDefaultPeriodicBoxVectors(*[openmm.Vec3(*row) for row in angstrom_to_nm(atoms.cell.array)])
             except Exception as err:  # OpenMM needs a reduced triclinic box
                 raise ConfigError(f"key 'structure': OpenMM cannot use the cell {atoms.cell.array.tolist()} ({err})") from None
         dt = cfg["timestep"] * unit.femtosecond
@@ -247,8 +249,8 @@ class _OpenMMMD:
             names = [openmm.Platform.getPlatform(i).getName() for i in range(openmm.Platform.getNumPlatforms())]
             raise ConfigError(f"key 'openmm_platform': platform {name!r} is not available (available: {names})") from None
         self.context = openmm.Context(system, self.integrator, platform)
-        self.context.setPositions(atoms.positions / 10.0)
-        self.context.setVelocities(atoms.get_velocities() * _ANGSTROM_PER_ASE_TIME_IN_NM_PER_PS)
+        self.context.setPositions(angstrom_to_nm(atoms.positions))
+        self.context.setVelocities(angstrom_per_fs_to_nm_per_ps(atoms.get_velocities() * ase_units.fs))
 
     def step(self, n: int) -> None:
         self.integrator.step(n)
@@ -262,19 +264,10 @@ class _OpenMMMD:
         if self.atoms.pbc.all():
             self.atoms.set_cell(state.getPeriodicBoxVectors(asNumpy=True).value_in_unit(u.angstrom))
         velocities = state.getVelocities(asNumpy=True).value_in_unit(u.nanometer / u.picosecond)
-        self.atoms.set_velocities(velocities / _ANGSTROM_PER_ASE_TIME_IN_NM_PER_PS)
+        self.atoms.set_velocities(nm_per_ps_to_angstrom_per_fs(velocities) / ase_units.fs)
         potential = kj_per_mol_to_ev(state.getPotentialEnergy().value_in_unit(u.kilojoule_per_mole))
         kinetic = kj_per_mol_to_ev(state.getKineticEnergy().value_in_unit(u.kilojoule_per_mole))
         return self.atoms, potential, kinetic
-
-
-def _ase_velocity_factor() -> float:
-    from ase import units
-
-    return units.fs * 100.0  # Å per ASE time unit -> Å/fs -> nm/ps (1 Å/fs = 100 nm/ps)
-
-
-_ANGSTROM_PER_ASE_TIME_IN_NM_PER_PS = _ase_velocity_factor()
 
 
 # ------------------------------------------------------------------------------- the run

@@ -61,6 +61,9 @@ def test_units_agree_with_ase():
     x = np.array([1.5, -2.0])
     assert np.allclose(units.kj_per_mol_nm_to_ev_per_angstrom(units.ev_per_angstrom_to_kj_per_mol_nm(x)), x)
     assert units.nm_to_angstrom(0.1) == pytest.approx(1.0) and units.angstrom_to_nm(10.0) == pytest.approx(1.0)
+    assert units.angstrom_per_fs_to_nm_per_ps(1.0) == pytest.approx(100.0) and units.nm_per_ps_to_angstrom_per_fs(100.0) == pytest.approx(
+        1.0
+    )
 
 
 def test_stale_list_is_detected_and_the_step_recomputed(model):
