@@ -7,13 +7,13 @@ from flashcart.testing import SimulationBattery
 from ..simulation.systems import tiny_water_model, water_box, water_cluster
 from .runners import ase_runner, openmm_runner
 
-pytest.importorskip("openmm")
+RUNNERS = {"ase": ase_runner}
+try:
+    import openmm  # noqa: F401
 
-RUNNERS = {
-    "ase": ase_runner,
-    "openmm-Reference": openmm_runner("Reference"),
-    "openmm-CPU": openmm_runner("CPU"),
-}
+    RUNNERS.update({"openmm-Reference": openmm_runner("Reference"), "openmm-CPU": openmm_runner("CPU")})
+except ImportError:  # the test extra installs OpenMM; without it only the ASE calculator is checked
+    pass
 
 
 @pytest.fixture(scope="module")
