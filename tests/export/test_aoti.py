@@ -17,9 +17,7 @@ from ase import Atoms
 
 from flashcart.export import export_aoti, load_exported
 
-from .conftest import ELEMENTS, assert_matches, crystal, ethanol, other_molecule, perturbed, predictor_reference
-
-FAST_COMPILE = {"aot_inductor.compile_wrapper_opt_level": "O0"}
+from .conftest import ELEMENTS, FAST_COMPILE, assert_matches, crystal, ethanol, other_molecule, perturbed, predictor_reference
 
 
 def _cases():
