@@ -65,7 +65,7 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=["muon-all", "adamw-vectors"])
     parser.add_argument("--out", default="runs/energy_offset")
     parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()
     shipped = optim.muon_eligible
     base = load_config(args.config, args.overrides)
     data = {
