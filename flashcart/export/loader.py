@@ -16,7 +16,7 @@ import torch
 from .aoti import FORMAT as AOTI_FORMAT
 from .torchscript import EV_TO_KJ_PER_MOL, NM_TO_ANGSTROM
 
-__all__ = ["load_exported", "ExportedPotential"]
+__all__ = ["load_exported", "ExportedPotential", "md_evaluator"]
 
 
 class ExportedPotential:
@@ -137,3 +137,34 @@ class ExportedPotential:
 def load_exported(path: str | Path, device: str | None = None) -> ExportedPotential:
     """An :class:`ExportedPotential` for a ``.pt2`` package or a TorchScript ``.pt`` file."""
     return ExportedPotential(path, device)
+
+
+def md_evaluator(cfg: dict, out=print) -> ExportedPotential:
+    """The evaluator ``flashcart-md`` runs when ``model`` is an exported ``.pt2`` (or ``.pt``) file.
+
+    The file fixes device, dtype and compilation: ``device`` must be ``auto`` or the file's,
+    ``dtype`` the file's, ``compile_mode`` unset; anything else is a ``ConfigError`` naming the
+    key. ``skin`` does not apply (the file builds its neighbour list on every call) and
+    ``compare_profile`` needs a checkpoint; both are reported through ``out``.
+    """
+    from ..config import ConfigError
+
+    try:
+        pot = load_exported(cfg["model"])
+    except (ValueError, FileNotFoundError) as err:
+        raise ConfigError(f"key 'model': {err}") from None
+    dtype = str(pot.dtype).replace("torch.", "")
+    if cfg["dtype"] != dtype:
+        raise ConfigError(f"key 'dtype': {pot.path} computes in {dtype}; set dtype={dtype} (or re-export with --dtype {cfg['dtype']})")
+    want = {"auto": pot.device.type, "cpu": "cpu", "gpu": "cuda"}.get(cfg["device"], cfg["device"])
+    if torch.device(want).type != pot.device.type:
+        raise ConfigError(f"key 'device': {pot.path} runs on {pot.device.type}, not {cfg['device']} (re-export with --device)")
+    if cfg["compile_mode"] is not None:
+        raise ConfigError(f"key 'compile_mode': {pot.path} is compiled already; leave compile_mode unset (~)")
+    what = f"{pot.format}, {dtype}, {pot.device.type}"
+    notes = [f"[md] exported model {pot.path} ({what}): neighbour list built inside on every step, skin not used"]
+    if cfg.get("compare_profile"):
+        notes.append("[md] compare_profile: needs a checkpoint, skipped for an exported model")
+    for line in notes:
+        out(line)
+    return pot
