@@ -140,7 +140,7 @@ def build_aoti_graph(model: FlashCartPotential, atoms, dtype: torch.dtype, devic
 
     with torch.enable_grad():
         graph = make_fx(fn, tracing_mode="symbolic", _allow_non_fake_inputs=True)(*example)
-    n_atoms = torch.export.Dim("n_atoms", min=2, max=10_000_000)
+    n_atoms = torch.export.Dim("n_atoms", min=1, max=10_000_000)
     program = torch.export.export(graph, example, dynamic_shapes=({0: n_atoms}, {0: n_atoms}, None, None), strict=False)
     metadata = {
         "flashcart_format": FORMAT,

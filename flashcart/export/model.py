@@ -35,7 +35,19 @@ def structure_energy(
     senders: torch.Tensor,
 ) -> torch.Tensor:
     """Energy ``[]`` (eV) of one structure: positions ``[N, 3]`` Å, types ``[N]``, cell ``[1, 3, 3]`` Å,
-    image shifts ``[E, 3]`` (multiples of the lattice vectors), receivers/senders ``[E]`` grouped by receiver."""
+    image shifts ``[E, 3]`` (multiples of the lattice vectors), receivers/senders ``[E]`` grouped by receiver.
+
+    One inert edge is put first (atom 0 to itself, in an extra graph whose cell moves it
+    beyond the cutoff, where envelope and radial weights are exactly zero, as for the
+    Predictor's padding edges), so a structure without any pair within the cutoff (isolated
+    atoms) has the energy of its isolated atoms instead of an empty edge list.
+    """
     batch = torch.zeros_like(types)
-    edge_batch = torch.zeros_like(receivers)
-    return model(positions, types, cell, shifts, receivers, senders, batch, edge_batch, 1)[0]
+    far = torch.eye(3, dtype=cell.dtype, device=cell.device) * (2.0 * model.r_max + 1.0)
+    cells = torch.cat([cell, far[None]])
+    zero = torch.zeros(1, dtype=receivers.dtype, device=receivers.device)
+    receivers = torch.cat([zero, receivers])
+    senders = torch.cat([zero, senders])
+    shifts = torch.cat([far[:1] / far[0, 0], shifts])  # (1, 0, 0) in the far cell
+    edge_batch = torch.cat([zero + 1, torch.zeros_like(receivers[1:])])
+    return model(positions, types, cells, shifts, receivers, senders, batch, edge_batch, 1)[0]

@@ -15,7 +15,8 @@ import pytest
 import torch
 from ase import Atoms
 
-from flashcart.export import export_aoti, load_exported
+from flashcart.export import build_torchscript, export_aoti, load_exported
+from flashcart.units import KJ_PER_MOL_PER_EV
 
 from .conftest import ELEMENTS, FAST_COMPILE, assert_matches, crystal, ethanol, other_molecule, perturbed, predictor_reference
 
@@ -36,6 +37,8 @@ def _cases():
         "slab": slab,
         "too small cell": tiny,
         "unknown element": salt,
+        "isolated atoms": Atoms("COH", positions=[[0, 0, 0], [9.0, 0, 0], [0, 9.5, 0]]),
+        "one atom": Atoms("O"),
     }
 
 
@@ -86,6 +89,13 @@ def test_package_without_flashcart_matches_predictor(small_model, package64, tmp
         energy, forces = results[name]
         assert energy.shape == () and energy.dtype == torch.float64
         assert_matches(energy, forces, *predictor_reference(small_model, cases[name]), 1e-10, name)
+    # no pair within the cutoff: the energy of isolated atoms (as the TorchScript file gives it), no forces
+    for name in ("isolated atoms", "one atom"):
+        assert not isinstance(results[name], str), f"{name}: {results[name]}"
+        energy, forces = results[name]
+        module = build_torchscript(small_model, cases[name], torch.float64)
+        expected = float(module(torch.tensor(cases[name].positions / 10.0))) / KJ_PER_MOL_PER_EV
+        assert abs(float(energy) - expected) < 1e-12 and float(forces.abs().max()) == 0.0, name
     overflow = results["too small cell"]
     assert isinstance(overflow, str) and "more periodic images than this package enumerates" in overflow
     assert "--max-images" in overflow and "max_images=[2, 2, 2]" in overflow

@@ -143,3 +143,17 @@ def test_evaluator_interface(model, molecule_module):
     with pytest.raises(ValueError, match="only the atoms it was exported for"):
         pot.check_numbers(atoms.numbers[::-1])
     assert pot.neighbor_list_builds == 1
+
+
+def test_isolated_atoms(model):
+    """No pair within the cutoff: the energy of the isolated atoms (additive), zero forces."""
+    from ase import Atoms
+
+    far = Atoms("COH", positions=[[0, 0, 0], [9.0, 0, 0], [0, 9.5, 0]])
+    results = []
+    for atoms in (far, far[:1], far[1:2], far[2:]):
+        module = build_torchscript(model, atoms, torch.float64)
+        results.append(_torchforce_call(module, atoms))
+    energy, forces = results[0]
+    assert float(forces.abs().max()) == 0.0
+    assert abs(float(energy) - sum(float(e) for e, _ in results[1:])) < 1e-12
