@@ -7,7 +7,7 @@ import torch
 from ..data.batch import Structure
 from .potential import FlashCartPotential
 
-__all__ = ["prefit"]
+__all__ = ["prefit", "solve_shift_correction"]
 
 
 def prefit(
@@ -43,9 +43,7 @@ def prefit(
     finite = torch.isfinite(energies)
     if fit_atomic_shifts and bool(finite.any()):
         A, y = counts[finite], energies[finite] - counts[finite] @ base
-        scale = A.abs().max().clamp_min(1.0)
-        lhs = A.T @ A + ridge * scale**2 * torch.eye(n_el, dtype=torch.float64)
-        shifts = base + torch.linalg.solve(lhs, A.T @ y)
+        shifts = base + solve_shift_correction(A.T @ A, A.T @ y, float(A.abs().max()), ridge)
     forces = torch.cat([s.forces.reshape(-1) for s in structures])
     forces = forces[torch.isfinite(forces)]
     energy_scale = float(torch.sqrt((forces**2).mean())) if forces.numel() and float((forces**2).mean()) > 0 else 1.0
@@ -56,3 +54,16 @@ def prefit(
         model.scale.fill_(energy_scale)
         model.set_avg_neighbors(avg_neighbors)
     return {"atomic_shifts": dict(zip(model.elements, shifts.tolist())), "scale": energy_scale, "avg_neighbors": avg_neighbors}
+
+
+def solve_shift_correction(ata: torch.Tensor, aty: torch.Tensor, max_count: float, ridge: float = 1e-6) -> torch.Tensor:
+    """Per-element energy shifts ``[n_el]`` (eV) minimising ``|A s - y|^2 + ridge max_count^2 |s|^2``.
+
+    ``ata = A^T A`` ``[n_el, n_el]`` and ``aty = A^T y`` ``[n_el]`` in float64, with ``A`` the element
+    counts of each structure and ``y`` the energies (or residuals) to explain; passing the normal
+    equations lets callers sum them over batches and processes. With a single composition the
+    ridge term picks the smallest shifts that reproduce the mean energy.
+    """
+    scale = max(max_count, 1.0)
+    lhs = ata + ridge * scale**2 * torch.eye(ata.shape[0], dtype=ata.dtype, device=ata.device)
+    return torch.linalg.solve(lhs, aty)
