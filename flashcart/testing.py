@@ -212,7 +212,7 @@ class SimulationBattery:
 
     def __init__(self, model, molecule, crystal, engine_options: dict | None = None):
         self.model, self.molecule, self.crystal = model, molecule, crystal
-        self.engine_options = dict(device="cpu", dtype="float64", skin=0.5, **(engine_options or {}))
+        self.engine_options = {"device": "cpu", "dtype": "float64", "skin": 0.5, **(engine_options or {})}
 
     def runner(self, factory: Callable, **options) -> Runner:
         return factory(self.model, **{**self.engine_options, **options})

@@ -189,8 +189,9 @@ def neighbor_list(
         except RuntimeError as err:
             if backend == "vesin" or device.type != "cuda":
                 raise
-            _vesin_cuda_failed = True
-            warnings.warn(f"vesin-torch failed on {device} ({err}); using the torch cell list from now on", stacklevel=2)
+            if "maximum capacity" not in str(err):  # a structure denser than vesin's CUDA pair budget: this call only
+                _vesin_cuda_failed = True
+                warnings.warn(f"vesin-torch failed on {device} ({err}); using the torch cell list from now on", stacklevel=2)
     if result is None:
         geo = binning_geometry(positions, cell.to(device), periodic)
         use_all_pairs = backend == "all_pairs" or (backend == "auto" and all_pairs_work(geo, float(cutoff)) <= ALL_PAIRS_MAX_DISTANCES)

@@ -187,6 +187,12 @@ def test_cuda_equals_ase(case, backend):
         pytest.skip("vesin-torch is not installed")
     pos, cell, pbc, cutoff = CASES[case]
     p, c = torch.tensor(pos, dtype=torch.float32, device="cuda"), torch.tensor(cell, dtype=torch.float32, device="cuda")
+    if backend == "vesin" and case == "small_cell_many_images":
+        # vesin 0.6.2's CUDA kernel holds at most 216 pairs per atom (measured on the H200);
+        # "auto" then falls back to the torch cell list
+        with pytest.raises(RuntimeError, match="maximum capacity"):
+            neighbor_list(p, cutoff, c, pbc, backend=backend)
+        backend = "auto"
     i, j, S = neighbor_list(p, cutoff, c, pbc, backend=backend)
     assert i.device.type == j.device.type == S.device.type == "cuda"
     assert our_edges(i.cpu(), j.cpu(), S.cpu()) == ase_edges(p.double().cpu().numpy(), c.double().cpu().numpy(), pbc, cutoff)
