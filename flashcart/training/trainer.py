@@ -241,10 +241,10 @@ def _train(cfg: dict[str, Any], progress: bool, ctx: Context) -> Path:
         world_size=ctx.world_size,
         n_workers=cfg["n_workers"],
     )
-    valid_loader = None
-    if valid_set:
-        valid_loader = BatchLoader(
-            valid_set,
+
+    def eval_loader(structures):  # this rank's share, in file order
+        return BatchLoader(
+            structures,
             cfg["eval_batch_size"],
             model.z_to_type.cpu(),
             cfg["dynamic_batching"],
@@ -253,17 +253,9 @@ def _train(cfg: dict[str, Any], progress: bool, ctx: Context) -> Path:
             equal_steps=False,
             n_workers=cfg["n_workers"],
         )
-    # the training set in evaluation order, for the per-epoch refit of the energy shifts
-    shift_loader = BatchLoader(
-        train_set,
-        cfg["eval_batch_size"],
-        model.z_to_type.cpu(),
-        cfg["dynamic_batching"],
-        rank=ctx.rank,
-        world_size=ctx.world_size,
-        equal_steps=False,
-        n_workers=cfg["n_workers"],
-    )
+
+    valid_loader = eval_loader(valid_set) if valid_set else None
+    shift_loader = eval_loader(train_set)  # for the per-epoch refit of the energy shifts
     start_epoch, best = 0, float("inf")
     if state is not None:
         for opt, s in zip(opts, state["optimizers"]):
