@@ -6,6 +6,7 @@
 """
 
 import inspect
+import os
 
 from .engine import COMPILE_MODES, Engine
 from .evaluator import Evaluation, Evaluator
@@ -16,12 +17,18 @@ __all__ = ["COMPILE_MODES", "Engine", "Evaluation", "Evaluator", "make_evaluator
 def make_evaluator(model, defaults: dict | None = None, **options) -> Evaluator:
     """``model`` as an :class:`Evaluator`.
 
+    A path ending in ``.pt2`` (a package from ``flashcart-export``) becomes its
+    :class:`~flashcart.export.ExportedPotential`, an evaluator with its own device and dtype.
     An object with an ``evaluate`` method is returned as it is; ``options`` that differ from
     ``defaults`` (the caller's defaults; the engine's when ``None``) are then an error, as they
     would configure an engine that is not built. Anything else (a checkpoint directory, its
     ``model.pt`` or a :class:`~flashcart.model.FlashCartPotential`) becomes an :class:`Engine`
     with ``options``.
     """
+    if isinstance(model, (str, os.PathLike)) and os.fspath(model).endswith(".pt2"):
+        from ..export import load_exported
+
+        model = load_exported(model)
     if isinstance(model, Evaluator):
         if defaults is None:
             defaults = {k: v.default for k, v in inspect.signature(Engine).parameters.items()}

@@ -304,7 +304,12 @@ def run_md(cfg: dict[str, Any], progress: bool = True, out: Callable[[str], None
     out_dir = Path(cfg["output_path"])
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / "md_config.yaml", yaml.safe_dump(cfg, sort_keys=False))
-    engine = Engine(cfg["model"], device=cfg["device"], dtype=cfg["dtype"], skin=cfg["skin"], compile_mode=cfg["compile_mode"])
+    if str(cfg["model"]).endswith(".pt2"):  # an exported package: its own device, dtype and neighbour list
+        from ..export.loader import md_evaluator
+
+        engine = md_evaluator(cfg, out)
+    else:
+        engine = Engine(cfg["model"], device=cfg["device"], dtype=cfg["dtype"], skin=cfg["skin"], compile_mode=cfg["compile_mode"])
     engine.check_numbers(atoms.numbers)
     if cfg["initial_velocities"]:
         rng = np.random.default_rng(cfg["seed"])
@@ -369,7 +374,7 @@ def run_md(cfg: dict[str, Any], progress: bool = True, out: Callable[[str], None
     )
     if trajectory is not None:
         out(f"[md] wrote {trajectory.frames} frames to {trajectory.path} and the log to {out_dir / 'md.log'}")
-    if cfg["compare_profile"]:
+    if cfg["compare_profile"] and isinstance(engine, Engine):
         results["profile"] = _profiler_seconds_per_call(engine, atoms, cfg)
         out(
             f"[md] profiler force call on the same structure and settings: {results['profile']:.6f} s/run; "
