@@ -26,7 +26,8 @@ class FlashCartCalculator(Calculator):
     """FlashCart potential as an ASE calculator.
 
     Args:
-        model: a checkpoint directory (``best/``, ``log/``), its ``model.pt``, a model, or an
+        model: a checkpoint directory (``best/``, ``log/``), its ``model.pt``, a ``.pt2`` package from
+            ``flashcart-export``, a model, or an
             :class:`~flashcart.simulation.Evaluator` (e.g. an :class:`~flashcart.simulation.Engine`
             built with its own options; the options below must then keep their defaults).
         device: ``cpu``, ``gpu`` or ``auto``.

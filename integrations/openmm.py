@@ -81,7 +81,8 @@ def create_force(
     """A ``PythonForce`` evaluating a FlashCart model.
 
     Args:
-        model: a checkpoint directory (``best/``, ``log/``), its ``model.pt``, a model, or an
+        model: a checkpoint directory (``best/``, ``log/``), its ``model.pt``, a ``.pt2`` package from
+            ``flashcart-export``, a model, or an
             :class:`~flashcart.simulation.Evaluator` (the engine options below must then keep
             their defaults).
         numbers: atomic numbers of the atoms the force acts on: of every particle of the
