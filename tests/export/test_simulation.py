@@ -65,6 +65,14 @@ def test_flashcart_md_runs_from_the_package(package64, tmp_path):
     energies = [float(line.split()[4]) for line in log[1:]]
     assert np.ptp(energies) < 1e-2  # NVE: the total energy is conserved (tiny steps of a smooth model)
     assert any("exported model" in line for line in lines)
-    bad = load_md_config(overrides=[f"model={package64}", f"structure={tmp_path / 'ethanol.xyz'}", "dtype=float32", "device=cpu"])
+    bad = load_md_config(
+        overrides=[
+            f"model={package64}",
+            f"structure={tmp_path / 'ethanol.xyz'}",
+            f"output_path={tmp_path / 'bad'}",
+            "dtype=float32",
+            "device=cpu",
+        ]
+    )
     with pytest.raises(Exception, match="float64"):
         run_md(bad, progress=False, out=lines.append)
