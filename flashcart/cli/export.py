@@ -32,6 +32,11 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="aoti only: periodic images enumerated along each lattice vector (default: what --structure needs)",
     )
+    p.add_argument(
+        "--no-triton",
+        action="store_true",
+        help="aoti on cuda only: trace the generated PyTorch backend instead of the model's Triton kernels",
+    )
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return p
 
@@ -53,6 +58,8 @@ def export(args: argparse.Namespace) -> Path:
         raise ValueError(f"--device must be cpu or cuda, got {args.device!r}")
     if args.max_images is not None and args.format != "aoti":
         raise ValueError("--max-images applies to --format aoti only (TorchScript files enumerate images from each box)")
+    if args.no_triton and (args.format != "aoti" or args.device != "cuda"):
+        raise ValueError("--no-triton applies to --format aoti --device cuda only (elsewhere the PyTorch backend is always used)")
     out = Path(args.output)
     if out.suffix != FORMATS[args.format]:
         raise ValueError(f"-o {out}: a {args.format} file must end in {FORMATS[args.format]}")
@@ -67,7 +74,7 @@ def export(args: argparse.Namespace) -> Path:
         if args.format == "torchscript":
             export_torchscript(model, atoms, out, dtype, str(device))
         else:
-            export_aoti(model, atoms, out, dtype, str(device), max_images=args.max_images)
+            export_aoti(model, atoms, out, dtype, str(device), max_images=args.max_images, triton=not args.no_triton)
         bar.update(2)
     return out
 

@@ -115,8 +115,12 @@ def _example(atoms, dtype: torch.dtype, device: torch.device):
     )
 
 
-def build_aoti_graph(model: FlashCartPotential, atoms, dtype: torch.dtype, device: str, max_images: int | None = None):
-    """``(exported program, example inputs, metadata)`` for :func:`export_aoti`."""
+def build_aoti_graph(model: FlashCartPotential, atoms, dtype: torch.dtype, device: str, max_images: int | None = None, triton: bool = True):
+    """``(exported program, example inputs, metadata)`` for :func:`export_aoti`.
+
+    ``triton=False`` traces the generated PyTorch backend on CUDA too (inductor then writes
+    its own kernels for it) instead of the model's Triton kernels.
+    """
     device = torch.device(device)
     cutoff = float(model.r_max)
     need = required_images(atoms, cutoff)
@@ -132,7 +136,7 @@ def build_aoti_graph(model: FlashCartPotential, atoms, dtype: torch.dtype, devic
         "Re-export with `flashcart-export CHECKPOINT --format aoti --structure FILE --max-images K -o OUT`, "
         "K at least what your smallest cell needs."
     )
-    use_triton = bool(model.options.get("use_triton")) and device.type == "cuda"
+    use_triton = triton and bool(model.options.get("use_triton")) and device.type == "cuda"
     frozen = frozen_copy(model, dtype, device, use_triton=use_triton)
     fn = _EnergyForces(frozen, images, hint)
     example = _example(atoms, dtype, device)
@@ -162,9 +166,10 @@ def export_aoti(
     device: str = "cpu",
     max_images: int | None = None,
     inductor_configs: dict | None = None,
+    triton: bool = True,
 ) -> Path:
     """Compile the package for ``model`` (example structure ``atoms``) and write it to ``path`` atomically."""
-    program, _, metadata = build_aoti_graph(model, atoms, dtype, device, max_images)
+    program, _, metadata = build_aoti_graph(model, atoms, dtype, device, max_images, triton)
     configs = {"aot_inductor.metadata": metadata}
     if torch.device(device).type == "cpu":
         configs["cpp.simdlen"] = 1  # as the Predictor: works around an inductor CPU vectoriser assertion

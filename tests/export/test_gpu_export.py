@@ -27,10 +27,10 @@ def test_cuda_graph_uses_the_triton_kernels():
     assert any("flashcart" in t for t in targets), sorted(targets)[:20]
 
 
-@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
-def test_cuda_package_matches_predictor(tmp_path, dtype, tol):
+@pytest.mark.parametrize("dtype, tol, triton", [(torch.float64, 1e-10, True), (torch.float32, 1e-5, True), (torch.float32, 1e-5, False)])
+def test_cuda_package_matches_predictor(tmp_path, dtype, tol, triton):
     model = _triton_model()
-    path = export_aoti(model, ethanol(), tmp_path / "m.pt2", dtype, "cuda", max_images=2)
+    path = export_aoti(model, ethanol(), tmp_path / "m.pt2", dtype, "cuda", max_images=2, triton=triton)
     pot = load_exported(path)
     assert pot.device.type == "cuda"
     small = crystal()
