@@ -33,22 +33,11 @@ from flashcart.config import load_config  # noqa: E402
 from flashcart.data import collate, structure_from_atoms  # noqa: E402
 from flashcart.export import export_aoti, export_torchscript, load_exported  # noqa: E402
 from flashcart.model import MODEL_KEYS, FlashCartPotential, Predictor  # noqa: E402
+from flashcart.profiling import synchronize, time_per_call  # noqa: E402
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def per_call(fn, device: torch.device, repeat: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    t0 = time.perf_counter()
-    for _ in range(repeat):
-        fn()
-    _sync(device)
-    return (time.perf_counter() - t0) / repeat
+def per_call(fn, device: torch.device, repeat: int) -> float:
+    return time_per_call(fn, repeat, device)
 
 
 def torchforce_row(path: Path, atoms, reference: dict, tag: str, args) -> dict:
@@ -123,7 +112,7 @@ def bench(name: str, args) -> list[dict]:
         graphs = Predictor(model, compile=True, compile_mode="reduce-overhead")
         t0 = time.perf_counter()
         graphs(batch)
-        _sync(device)
+        synchronize(device)
         compile_s = time.perf_counter() - t0
         rows.append(
             {

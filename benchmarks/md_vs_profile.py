@@ -34,7 +34,7 @@ from flashcart.data import read_structures
 from flashcart.integrations.ase import FlashCartCalculator
 from flashcart.model.potential import FlashCartPotential
 from flashcart.model.prefit import prefit
-from flashcart.profiling import profile
+from flashcart.profiling import profile, synchronize, time_per_call
 from flashcart.simulation import Engine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,19 +61,11 @@ def structure(name: str) -> Atoms:
 
 
 def _sync(device: str) -> None:
-    if device == "gpu":
-        torch.cuda.synchronize()
+    synchronize("cuda" if device == "gpu" else "cpu")
 
 
 def _per_call(fn, n: int, device: str, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    _sync(device)
-    return (time.perf_counter() - t0) / n
+    return time_per_call(fn, n, "cuda" if device == "gpu" else "cpu", warmup)
 
 
 def ase_md(model, atoms: Atoms, args) -> tuple[float, Engine]:

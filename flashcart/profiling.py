@@ -30,7 +30,9 @@ __all__ = ["profile", "FLASHCART_OPS"]
 FLASHCART_OPS = ("flashcart::", "tp_fwd", "tp_bwd", "expansion_", "grouped_matmul", "lin_")
 
 
-def _sync(device: torch.device) -> None:
+def synchronize(device: torch.device | str) -> None:
+    """Wait for the work queued on ``device`` (a :class:`torch.device` or its name)."""
+    device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -43,7 +45,7 @@ def _load_batches(path: str, cfg: dict[str, Any], batch_size: int, model: FlashC
         if k == cfg["profile_n_batches"]:
             break
         batches.append(b.to(device, torch.get_default_dtype()))
-    _sync(device)
+    synchronize(device)
     return structures, batches
 
 
@@ -57,12 +59,17 @@ def _describe(tag: str, path: str, batches) -> str:
 def _time(fn: Callable[[], None], warmup: int, repeat: int, device) -> float:
     for _ in range(warmup):
         fn()
-    _sync(device)
+    synchronize(device)
     t0 = time.perf_counter()
     for _ in range(repeat):
         fn()
-    _sync(device)
+    synchronize(device)
     return time.perf_counter() - t0
+
+
+def time_per_call(fn: Callable[[], None], repeat: int, device, warmup: int = 3) -> float:
+    """Seconds per call of ``fn``: ``warmup`` untimed calls, then ``repeat`` timed ones, synchronised."""
+    return _time(fn, warmup, repeat, device) / repeat
 
 
 def _op_tables(fn: Callable[[], None], label: str, cfg: dict[str, Any], device, out: Callable[[str], None]) -> None:
@@ -77,7 +84,7 @@ def _op_tables(fn: Callable[[], None], label: str, cfg: dict[str, Any], device, 
         with_stack=cfg["profile_with_stack"],
     ) as prof:
         fn()
-        _sync(device)
+        synchronize(device)
     sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     events = prof.key_averages(group_by_input_shape=cfg["profile_record_shapes"])
     out(f"[profile] {label}: operations by {sort} (top {cfg['profile_row_limit']})")
@@ -156,16 +163,16 @@ def profile(cfg: dict[str, Any], progress: bool = True, out: Callable[[str], Non
                 t0 = time.perf_counter()
                 pred = predictor(b, forces="forces" in props, stress="stress" in props, create_graph=True)
                 if timed:
-                    _sync(device)
+                    synchronize(device)
                     t1 = time.perf_counter()
                 loss = loss_value(cfg["train_loss"], pred, b)
                 if timed:
-                    _sync(device)
+                    synchronize(device)
                     t2 = time.perf_counter()
                 grads = torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad], allow_unused=True)
                 del grads
                 if timed:
-                    _sync(device)
+                    synchronize(device)
                     t3 = time.perf_counter()
                     phase_time["predict_create_graph"] += t1 - t0
                     phase_time["loss"] += t2 - t1
@@ -174,7 +181,7 @@ def profile(cfg: dict[str, Any], progress: bool = True, out: Callable[[str], Non
         out(_describe("training", train_path, batches))
         for _ in range(cfg["profile_warmup"]):
             step(False)
-        _sync(device)
+        synchronize(device)
         for _ in range(cfg["profile_repeat"]):
             step(True)
         total_phases = sum(phase_time.values())

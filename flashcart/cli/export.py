@@ -44,11 +44,11 @@ def _parser() -> argparse.ArgumentParser:
 def export(args: argparse.Namespace) -> Path:
     """Validate everything, then build and write the file (atomically). Returns the path."""
     import torch
-    from tqdm import tqdm
 
     from ..export import export_aoti, export_torchscript, read_structure
     from ..model.checkpoint import load_checkpoint
     from ..utils.device import resolve_device
+    from ..utils.progress import progress_bar
 
     if args.format not in FORMATS:
         raise ValueError(f"unknown --format {args.format!r}; choose one of {sorted(FORMATS)}")
@@ -65,7 +65,7 @@ def export(args: argparse.Namespace) -> Path:
         raise ValueError(f"-o {out}: a {args.format} file must end in {FORMATS[args.format]}")
     device = resolve_device(args.device)
     dtype = getattr(torch, args.dtype)
-    with tqdm(total=3, desc="flashcart-export", disable=args.no_progress) as bar:
+    with progress_bar(None, total=3, desc="flashcart-export", disable=args.no_progress) as bar:
         bar.set_postfix_str("loading")
         model = load_checkpoint(args.checkpoint)
         atoms = read_structure(args.structure, model.elements)

@@ -19,6 +19,7 @@ import yaml
 from .schema import LOSS_NORMALIZATIONS, LOSS_PROPERTIES, LOSS_REDUCTIONS, SCHEMA
 
 __all__ = [
+    "read_user_yaml",
     "ConfigError",
     "load_config",
     "default_config",
@@ -226,6 +227,20 @@ def _merge(cfg: dict[str, Any], updates: dict[str, Any], where: str) -> None:
         cfg[key] = _check(key, value, where)
 
 
+def read_user_yaml(path: str | Path) -> dict[str, Any]:
+    """A user's configuration file as a mapping; errors name the file and what is wrong."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"configuration file {path} does not exist")
+    try:
+        user = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({err})") from None
+    if not isinstance(user, dict):
+        raise ConfigError(f"{path}: expected a mapping of keys to values, got {type(user).__name__}")
+    return user
+
+
 def load_config(path: str | Path | None = None, overrides: Sequence[str] | dict[str, Any] = ()) -> dict[str, Any]:
     """The merged, validated configuration.
 
@@ -236,16 +251,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] | dict[
     cfg = {}
     _merge(cfg, default_config(), "packaged defaults")
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"configuration file {path} does not exist")
-        try:
-            user = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML ({err})") from None
-        if not isinstance(user, dict):
-            raise ConfigError(f"{path}: expected a mapping of keys to values, got {type(user).__name__}")
-        _merge(cfg, user, str(path))
+        _merge(cfg, read_user_yaml(path), str(path))
     items = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
     _merge(cfg, items, "command line")
     if cfg["r_min"] >= cfg["r_max"]:

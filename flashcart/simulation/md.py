@@ -20,11 +20,12 @@ import numpy as np
 import torch
 import yaml
 from ase import units as ase_units
-from tqdm import tqdm
 
 from ..config import ConfigError, parse_overrides
+from ..config.loader import read_user_yaml
 from ..units import angstrom_per_fs_to_nm_per_ps, angstrom_to_nm, nm_per_ps_to_angstrom_per_fs
 from ..utils.io import atomic_write_text
+from ..utils.progress import progress_bar
 from .engine import COMPILE_MODES, Engine
 
 __all__ = ["MD_SCHEMA", "md_defaults", "load_md_config", "run_md"]
@@ -112,16 +113,7 @@ def load_md_config(path: str | Path | None = None, overrides: Sequence[str] | di
     cfg: dict[str, Any] = {}
     _merge(cfg, md_defaults(), "packaged md.yaml")
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"configuration file {path} does not exist")
-        try:
-            user = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML ({err})") from None
-        if not isinstance(user, dict):
-            raise ConfigError(f"{path}: expected a mapping of keys to values, got {type(user).__name__}")
-        _merge(cfg, user, str(path))
+        _merge(cfg, read_user_yaml(path), str(path))
     _merge(cfg, overrides if isinstance(overrides, dict) else parse_overrides(overrides), "command line")
     for key in ("model", "structure"):
         if cfg[key] is None:
@@ -278,13 +270,13 @@ def _profiler_seconds_per_call(engine: Engine, atoms, cfg: dict[str, Any]) -> fl
     same model, device, dtype and compile mode, on this structure's ``r_max`` neighbour list."""
     from ..data import collate, structure_from_atoms
     from ..model.predictor import Predictor
-    from ..profiling import _time
+    from ..profiling import time_per_call
 
     model = engine.model
     predictor = Predictor(model, compile=cfg["compile_mode"] is not None, compile_mode=cfg["compile_mode"] or "default", pad=False)
     structure = structure_from_atoms(atoms, model.r_max, require_labels=False, device=engine.device)
     batch = collate([structure], model.z_to_type).to(engine.device, engine.dtype)
-    return _time(lambda: predictor(batch, forces=True), 3, cfg["profile_repeat"], engine.device) / cfg["profile_repeat"]
+    return time_per_call(lambda: predictor(batch, forces=True), cfg["profile_repeat"], engine.device)
 
 
 def run_md(cfg: dict[str, Any], progress: bool = True, out: Callable[[str], None] = print) -> dict[str, float]:
@@ -345,7 +337,7 @@ def run_md(cfg: dict[str, Any], progress: bool = True, out: Callable[[str], None
     done, complete, t0 = 0, False, None
     try:
         record(0)
-        with tqdm(total=steps, desc="md", unit="step", disable=not progress) as bar:
+        with progress_bar(None, total=steps, desc="md", unit="step", disable=not progress) as bar:
             while done < steps:
                 if t0 is None and done >= warmup:
                     if engine.device.type == "cuda":
