@@ -1,0 +1,209 @@
+"""Kernel-level profile of one force call and one training step (issue 14, item 1).
+
+For a named model on the 1000-atom diamond cell (or any structure of
+``benchmarks/md_vs_profile.py``) this prints, for inference (energy + forces) and for a
+training step (prediction with ``create_graph``, force + energy loss, parameter gradients):
+
+* **kernels**: every GPU kernel of one call grouped by name: launches, device time per call,
+  share of the call's summed kernel time. The summed kernel time is the floor of a call that
+  CUDA graphs make launch-free (gaps between kernels not counted);
+* **operations**: the operations that launch them (aten ops and FlashCart's custom ops) with
+  their device time, the bytes each must move at least (every input read once and every
+  output written once, counted by a dispatch mode in a separate, untimed call), the achieved
+  bandwidth and its share of the copy roofline (measured on the device: read + write of
+  2 GiB).
+
+Protocol as the profiler's: float32, TF32 off, ``--warmup`` untimed calls, then
+``--repeat`` profiled calls (times are per call: totals / repeat), eager kernels (the same
+kernels a CUDA graph replays)::
+
+    python benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r
+    python benchmarks/kernel_profile.py --device cuda --model i3c3f64l2 --repeat 5
+    python benchmarks/kernel_profile.py --device cpu --model tiny --structure ethanol --repeat 1   # smoke test
+
+On the CPU the tables show CPU time instead (no kernels, no roofline).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.md_vs_profile import structure  # noqa: E402
+from flashcart.config import load_config  # noqa: E402
+from flashcart.data.batch import collate  # noqa: E402
+from flashcart.data.dataset import structure_from_atoms  # noqa: E402
+from flashcart.model.potential import FlashCartPotential  # noqa: E402
+from flashcart.model.predictor import Predictor  # noqa: E402
+from flashcart.model.prefit import prefit  # noqa: E402
+from flashcart.profiling import synchronize  # noqa: E402
+
+# The published models' options (model.md names them; r_max is set on the command line).
+MODELS = {
+    "i2c3f20l2r": ["n_interactions=2", "correlation=3", "n_hidden_feats=20", "l_max_hidden_feats=2", "path_reduced_product=true"],
+    "i3c3f64l2": ["n_interactions=3", "correlation=3", "n_hidden_feats=64", "l_max_hidden_feats=2"],
+    "tiny": ["n_interactions=1", "correlation=2", "n_hidden_feats=4", "l_max_hidden_feats=1", "l_max_edge_attrs=2"],
+}
+
+
+class CountBytes(TorchDispatchMode):
+    """Per operation: calls and the bytes of every tensor it reads or writes (each once)."""
+
+    def __init__(self):
+        super().__init__()
+        self.bytes: dict[str, int] = collections.Counter()
+        self.calls: dict[str, int] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = str(func.overloadpacket).replace(".", "::", 1)
+        leaves, _ = tree_flatten((args, kwargs, out))
+        if not func.is_view:  # views move nothing
+            self.bytes[name] += sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
+        self.calls[name] += 1
+        return out
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    """Bytes/s of a device copy (read + write of 2 GiB), median of 20."""
+    import triton.testing
+
+    x = torch.empty(2**28, dtype=torch.float32, device=device)
+    y = torch.empty_like(x)
+    ms = triton.testing.do_bench(lambda: y.copy_(x), warmup=5, rep=50, return_mode="median")
+    return 2 * x.numel() * 4 / (ms * 1e-3)
+
+
+def build(args, device: torch.device):
+    atoms = structure(args.structure)
+    cfg = load_config(overrides=[f"r_max={args.r_max}", *MODELS.get(args.model, []), *args.option])
+    elements = sorted(set(atoms.get_chemical_symbols()))
+    model = FlashCartPotential.from_config(cfg, elements)
+    s = structure_from_atoms(atoms, cfg["r_max"], require_labels=False)
+    s.energy = torch.tensor(0.0, dtype=torch.float64)
+    s.forces = torch.zeros(len(atoms), 3, dtype=torch.float64)
+    prefit(model, [s])
+    model.to(device)
+    batch = collate([s], model.z_to_type.cpu()).to(device, torch.float32)
+    return model, batch
+
+
+def calls(model, batch):
+    """The two measured calls: inference (energy + forces) and a training step."""
+    predictor = Predictor(model, compile=False, pad=False)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def inference():
+        predictor(batch, forces=True)
+
+    def training():
+        for p in params:
+            p.grad = None
+        out = predictor(batch, forces=True, create_graph=True)
+        loss = (out["energy"] ** 2).sum() + (out["forces"] ** 2).mean()
+        loss.backward()
+
+    return {"inference": inference, "training": training}
+
+
+def _kernel_rows(prof, repeat: int):
+    rows = collections.defaultdict(lambda: [0, 0.0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            r = rows[e.name]
+            r[0] += 1
+            r[1] += e.device_time_total
+    return {k: (n / repeat, us / repeat) for k, (n, us) in rows.items()}
+
+
+def report(name: str, fn, device: torch.device, args, bandwidth: float | None) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(args.warmup):
+        fn()
+    synchronize(device)
+    counter = CountBytes()
+    with counter:
+        fn()
+    synchronize(device)
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(args.repeat):
+            fn()
+        synchronize(device)
+    print(f"\n=== {name}: {args.model} on {args.structure}, {args.repeat} profiled calls, times per call")
+    if cuda:
+        kernels = _kernel_rows(prof, args.repeat)
+        total = sum(us for _, us in kernels.values())
+        print(
+            f"[kernels] {len(kernels)} kernels, {sum(n for n, _ in kernels.values()):.0f} launches, {total / 1e3:.3f} ms summed kernel time"
+        )
+        print(f"{'kernel':<64} {'launches':>8} {'ms':>8} {'share':>6}")
+        for k, (n, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[: args.rows]:
+            print(f"{k[:64]:<64} {n:>8.0f} {us / 1e3:>8.3f} {100 * us / total:>5.1f}%")
+    events = prof.key_averages()
+    key = "device_time_total" if cuda else "self_cpu_time_total"
+    rows = []
+    for e in events:
+        if e.key not in counter.calls:
+            continue
+        t = getattr(e, key) / args.repeat  # µs
+        b = counter.bytes[e.key]
+        rows.append((e.key, counter.calls[e.key], t, b))
+    rows.sort(key=lambda r: -r[2])
+    what = "device" if cuda else "CPU"
+    print(f"[operations] by {what} time; bytes = least traffic (inputs read once, outputs written once)")
+    print(f"{'operation':<40} {'calls':>6} {'ms':>8} {'MB':>9} {'GB/s':>8} {'%roof':>6}")
+    for op, n, us, b in rows[: args.rows]:
+        rate = b / (us * 1e-6) if us > 0 else float("nan")
+        roof = f"{100 * rate / bandwidth:>5.1f}%" if bandwidth else "     -"
+        print(f"{op[:40]:<40} {n:>6d} {us / 1e3:>8.3f} {b / 1e6:>9.2f} {rate / 1e9:>8.1f} {roof}")
+    if cuda:
+        print(f"[memory] peak allocated {torch.cuda.max_memory_allocated(device) / 2**20:.0f} MiB")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--model", default="i2c3f20l2r", help=f"one of {list(MODELS)} (plus --option KEY=VALUE)")
+    parser.add_argument("--option", nargs="*", default=[], help="extra model KEY=VALUE options")
+    parser.add_argument("--structure", default="diamond")
+    parser.add_argument("--r-max", type=float, default=6.0)
+    parser.add_argument("--phases", nargs="+", default=["inference", "training"], choices=["inference", "training"])
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--rows", type=int, default=30)
+    args = parser.parse_args()
+    if args.model not in MODELS:
+        parser.error(f"--model must be one of {list(MODELS)}, got {args.model!r}")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    device = torch.device(args.device)
+    model, batch = build(args, device)
+    n_params = sum(p.numel() for p in model.parameters())
+    bw = copy_bandwidth(device) if device.type == "cuda" else None
+    print(
+        f"[setup] model={args.model} ({n_params} parameters) structure={args.structure} atoms={batch.positions.shape[0]} "
+        f"edges={batch.receivers.shape[0]} r_max={args.r_max} device={device} float32 tf32=off torch={torch.__version__} "
+        f"copy bandwidth={'-' if bw is None else f'{bw / 1e12:.2f} TB/s'} "
+        f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '0')}"
+    )
+    fns = calls(model, batch)
+    for phase in args.phases:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        report(phase, fns[phase], device, args, bw)
+
+
+if __name__ == "__main__":
+    main()
