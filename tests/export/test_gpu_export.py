@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashcart.export import export_aoti, export_torchscript, load_exported
+from flashcart.export import export_torchscript, load_exported
 from flashcart.export.aoti import build_aoti_graph
 from flashcart.model import FlashCartPotential
 
@@ -27,23 +27,81 @@ def test_cuda_graph_uses_the_triton_kernels():
     assert any("flashcart" in t for t in targets), sorted(targets)[:20]
 
 
+# Each stage runs in its own process with faulthandler on, so a crash inside inductor or the
+# package (a segfault stopped this test on the H200 once) fails the test with the stage named
+# and the native traceback, instead of ending the pytest session.
+_EXPORT = """
+import sys, torch
+from flashcart.export import export_aoti
+from tests.export.test_gpu_export import _triton_model
+from tests.export.conftest import ethanol
+dtype = getattr(torch, sys.argv[2])
+export_aoti(_triton_model(), ethanol(), sys.argv[1], dtype, "cuda", max_images=2, triton=sys.argv[3] == "1")
+"""
+
+_RUN = """
+import sys, torch
+from flashcart.export import load_exported
+pot = load_exported(sys.argv[1])
+assert pot.device.type == "cuda", pot.device
+results = {}
+for name, (pos, numbers, cell, pbc) in torch.load(sys.argv[2]).items():
+    try:
+        energy, forces = pot(pos, numbers, cell, pbc)
+        results[name] = (energy.cpu(), forces.cpu(), forces.is_cuda, forces.dtype)
+    except RuntimeError as err:
+        results[name] = str(err)
+torch.save(results, sys.argv[3])
+"""
+
+
+def _stage(name: str, code: str, *args, cwd) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, "-X", "faulthandler", "-c", code, *map(str, args)]
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, f"stage {name!r} exited with {proc.returncode}:\n{proc.stderr[-6000:]}"
+
+
 @pytest.mark.parametrize("dtype, tol, triton", [(torch.float64, 1e-10, True), (torch.float32, 1e-5, True), (torch.float32, 1e-5, False)])
 def test_cuda_package_matches_predictor(tmp_path, dtype, tol, triton):
-    model = _triton_model()
-    path = export_aoti(model, ethanol(), tmp_path / "m.pt2", dtype, "cuda", max_images=2, triton=triton)
-    pot = load_exported(path)
-    assert pot.device.type == "cuda"
+    path = tmp_path / "m.pt2"
+    _stage("export", _EXPORT, path, str(dtype).replace("torch.", ""), int(triton), cwd=tmp_path)
     small = crystal()
     small.set_cell(small.cell.array * 0.72, scale_atoms=True)
-    for atoms in (perturbed(ethanol(), 1), other_molecule(), perturbed(crystal(), 2, strain=0.03), small):
-        energy, forces = pot(atoms.positions, atoms.numbers, atoms.cell.array, atoms.pbc)
-        assert forces.is_cuda and forces.dtype == dtype
-        # reference: the Predictor on the CPU with the generated PyTorch backend
-        assert_matches(energy.cpu(), forces.cpu(), *predictor_reference(make_model(), atoms, dtype), tol, atoms.get_chemical_formula())
     tiny = crystal()
     tiny.set_cell(tiny.cell.array * 0.45, scale_atoms=True)
-    with pytest.raises(RuntimeError, match="more periodic images than this package enumerates"):
-        pot(tiny.positions, tiny.numbers, tiny.cell.array, tiny.pbc)
+    cases = {
+        "ethanol, moved": perturbed(ethanol(), 1),
+        "other molecule": other_molecule(),
+        "strained crystal": perturbed(crystal(), 2, strain=0.03),
+        "small cell": small,
+        "too small cell": tiny,
+    }
+    inputs = {
+        k: (
+            torch.tensor(a.positions, dtype=dtype, device="cuda"),
+            torch.tensor(a.numbers, dtype=torch.long, device="cuda"),
+            torch.tensor(a.cell.array, dtype=dtype, device="cuda"),
+            torch.tensor(a.pbc, device="cuda"),
+        )
+        for k, a in cases.items()
+    }
+    torch.save({k: tuple(t.cpu() for t in v) for k, v in inputs.items()}, tmp_path / "inputs.pt")
+    _stage("load and run", _RUN, path, tmp_path / "inputs.pt", tmp_path / "out.pt", cwd=tmp_path)
+    results = torch.load(tmp_path / "out.pt")
+    for name, atoms in cases.items():
+        if name == "too small cell":
+            assert isinstance(results[name], str) and "more periodic images than this package enumerates" in results[name]
+            continue
+        assert not isinstance(results[name], str), f"{name}: {results[name]}"
+        energy, forces, on_cuda, out_dtype = results[name]
+        assert on_cuda and out_dtype == dtype
+        # reference: the Predictor on the CPU with the generated PyTorch backend
+        assert_matches(energy, forces, *predictor_reference(make_model(), atoms, dtype), tol, name)
 
 
 def test_cuda_torchscript_matches_predictor(tmp_path):
