@@ -301,6 +301,31 @@ class Predictor:
             self._compiled[key] = run
         return self._compiled[key]
 
+    def call_static(
+        self,
+        positions: torch.Tensor,
+        strain: torch.Tensor | None,
+        types: torch.Tensor,
+        cell: torch.Tensor,
+        shifts: torch.Tensor,
+        receivers: torch.Tensor,
+        senders: torch.Tensor,
+        batch: torch.Tensor,
+        edge_batch: torch.Tensor,
+        n_graphs: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Energies ``[G]``, forces ``[N, 3]`` and stress (``[G, 3, 3]`` when ``strain`` is given)
+        of tensors that are already padded, through the same (compiled) function as ``__call__``
+        but without padding, slicing, copies or CUDA-graph bookkeeping: for callers that own
+        static buffers and capture the call into a CUDA graph themselves (the simulation
+        engine's static step; see :func:`energy_forces_stress` for the arguments, which must be
+        leaves requiring grad). The parameters must not require grad; no ``create_graph``.
+        Do not use it with a compile mode in :data:`CUDA_GRAPH_MODES` on CUDA tensors (those
+        graphs cannot be captured inside another graph)."""
+        fn = self._function(True, strain is not None, False, positions.device.type)
+        with _compile_context(self.compile), torch.enable_grad():
+            return fn(positions, strain, types, cell, shifts, receivers, senders, batch, edge_batch, n_graphs)
+
     def __call__(self, batch: Batch, forces: bool = True, stress: bool = False, create_graph: bool = False) -> dict[str, torch.Tensor]:
         """``{"energy": [G], "forces": [N, 3], "stress": [G, 3, 3]}`` for the real atoms and graphs."""
         n, g = batch.positions.shape[0], batch.n_graphs

@@ -18,7 +18,27 @@ It owns what a simulation needs around the model call:
 * padded capacities (through :meth:`Predictor.reserve`, in :meth:`Engine._ensure_capacity`
   only): a new list that does not fit grows them with ``headroom``, so later lists fit without
   recompiling;
-* atomic energy offsets (included or not).
+* atomic energy offsets (included or not);
+* how a step runs (``step``):
+
+  - ``"dynamic"``: the Predictor on the ``r_max + skin`` list (padded when ``pad``), the
+    displacement check and the packing as separate eager operations around it;
+  - ``"static"``: the static-shape step of :mod:`flashcart.simulation.static_step`: the list
+    lives in fixed-capacity buffers, and each step compacts it on the device to the pairs
+    within ``r_max`` (so the model sees the edges the profiler sees), with the unwrapping,
+    the displacement check and the packing, without a host synchronisation before the one
+    that reads the results. Pairs within ``r_max`` beyond the compacted capacity (reported
+    with the results) discard the step and rebuild with a larger capacity; capacities are
+    ``headroom`` above the sizes at the build;
+  - ``"graph"``: the same static step captured as one CUDA graph (host-to-device copy of the
+    positions, step, device-to-host copy of the results); per step the host copies the
+    positions into pinned memory, replays the graph and synchronises once. A new list is
+    copied into the captured buffers; the graph is captured again only when a capacity grows
+    (or the system changes). CUDA only; with a compile mode that replays CUDA graphs itself
+    (``reduce-overhead``, ``max-autotune``) the model inside is compiled without them;
+  - ``"auto"`` (default): ``"graph"`` on CUDA with ``reduce-overhead``/``max-autotune``,
+    else ``"static"`` when the list is reused (``skin > 0``) and padding is not switched off,
+    else ``"dynamic"``.
 """
 
 from __future__ import annotations
@@ -36,13 +56,17 @@ from ..data.batch import Batch, Structure, collate
 from ..data.neighbors import neighbor_list
 from ..model.checkpoint import load_checkpoint
 from ..model.potential import FlashCartPotential
-from ..model.predictor import Predictor
+from ..model.predictor import CUDA_GRAPH_MODES, Predictor
 from ..utils.device import resolve_device
 from .evaluator import Evaluation
+from .static_step import PACKED_HEADER, CapturedStep, StaticStep, StepCapacities, pairs_within
 
-__all__ = ["Engine", "COMPILE_MODES"]
+__all__ = ["Engine", "COMPILE_MODES", "STEP_MODES"]
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+STEP_MODES = ("auto", "dynamic", "static", "graph")
+# the compile mode of the model inside a captured step: the same without its own CUDA graphs
+_WITHOUT_CUDA_GRAPHS = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 
 
 @dataclass
@@ -58,6 +82,19 @@ class _Graph:
     cell_t: torch.Tensor | None  # [3, 3] device, for unwrapping (None without periodicity)
     inv_cell_t: torch.Tensor | None  # [3, 3]
     periodic_t: torch.Tensor | None  # [3] 1.0 along periodic directions, else 0.0
+
+    def matches(self, numbers: np.ndarray, cell: np.ndarray, pbc: np.ndarray) -> bool:
+        return np.array_equal(numbers, self.numbers) and np.array_equal(pbc, self.pbc) and np.array_equal(cell, self.cell)
+
+
+@dataclass
+class _System:
+    """What the static step's list was built for."""
+
+    numbers: np.ndarray  # [N]
+    pbc: np.ndarray  # [3] bool
+    cell: np.ndarray  # [3, 3] float64, Å
+    offset: float  # eV: sum of the atomic energy shifts of these atoms
 
     def matches(self, numbers: np.ndarray, cell: np.ndarray, pbc: np.ndarray) -> bool:
         return np.array_equal(numbers, self.numbers) and np.array_equal(pbc, self.pbc) and np.array_equal(cell, self.cell)
@@ -88,8 +125,10 @@ class Engine:
         pad: pad to growing capacities (default: on when compiling).
         pad_atom_multiple, pad_edge_multiple: capacity rounding.
         add_atomic_offsets: include the per-element energy shifts in the energy.
-        headroom: relative spare capacity reserved when a new neighbour list does not fit.
+        headroom: relative spare capacity reserved when a new neighbour list does not fit
+            (and, for the static step, above the pairs within ``r_max`` at a build).
         compile_backend: ``torch.compile`` backend (``inductor``; tests use ``aot_eager``).
+        step: ``auto``, ``dynamic``, ``static`` or ``graph`` (see the module docs).
     """
 
     def __init__(
@@ -105,6 +144,7 @@ class Engine:
         add_atomic_offsets: bool = True,
         headroom: float = 0.1,
         compile_backend: str | Callable = "inductor",
+        step: str = "auto",
     ):
         self._options = dict(
             device=str(device),
@@ -117,6 +157,7 @@ class Engine:
             add_atomic_offsets=add_atomic_offsets,
             headroom=headroom,
             compile_backend=compile_backend,
+            step=step,
         )
         self.dtype = _as_dtype(dtype)
         if not skin >= 0:
@@ -128,7 +169,19 @@ class Engine:
         for name, value in (("pad_atom_multiple", pad_atom_multiple), ("pad_edge_multiple", pad_edge_multiple)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if step not in STEP_MODES:
+            raise ValueError(f"step must be one of {list(STEP_MODES)}, got {step!r}")
         self.device = resolve_device(device)
+        if step == "auto":
+            if skin > 0 and pad is not False:
+                step = "graph" if self.device.type == "cuda" and compile_mode in CUDA_GRAPH_MODES else "static"
+            else:
+                step = "dynamic"
+        if step in ("static", "graph") and pad is False:
+            raise ValueError(f"step={step!r} pads to static capacities: it cannot run with pad=False")
+        if step == "graph" and self.device.type != "cuda":
+            raise ValueError(f"step='graph' captures a CUDA graph and needs a CUDA device, got device={device!r} ({self.device})")
+        self.step = step
         if isinstance(model, FlashCartPotential):
             model = copy.deepcopy(model)
         else:
@@ -152,12 +205,20 @@ class Engine:
             pad_graph_multiple=1,
             compile_backend=compile_backend,
         )
+        self._multiples = (pad_atom_multiple, pad_edge_multiple)
         self._graph: _Graph | None = None
+        self._static: StaticStep | None = None  # step="static"/"graph": buffers and the list
+        self._system: _System | None = None
+        self._captured: dict[bool, CapturedStep] = {}  # step="graph", by stress
+        self._static_predictor: Predictor | None = None
         self._pinned_in: torch.Tensor | None = None  # host staging buffers (CUDA only)
         self._pinned_out: torch.Tensor | None = None
         self.neighbor_list_builds = 0  # lists built (first call, stale lists, changed systems)
         self.stale_evaluations = 0  # calls evaluated with a reused list that turned out stale
         self.early_rebuilds = 0  # lists rebuilt because the next step was predicted to be stale
+        self.capacity_overflows = 0  # static steps discarded: more pairs within r_max than edge slots
+        self.graph_captures = 0  # CUDA graphs captured (step="graph")
+        self.model_edges = 0  # edges the model saw in the last call (within r_max for the static step)
         self._moved = (0.0, 0.0)  # largest displacement (Å) from the list's reference, last two calls
 
     # ------------------------------------------------------------------ public
@@ -190,6 +251,8 @@ class Engine:
         pbc_np = np.full(3, cell is not None) if pbc is None else np.broadcast_to(np.asarray(pbc, dtype=bool), (3,)).copy()
         if stress and not pbc_np.all():
             raise ValueError("stress needs a structure periodic in all three directions")
+        if self.step != "dynamic":
+            return self._evaluate_static(positions, numbers, cell_np, pbc_np, stress)
         pos = self._upload(positions)
         graph = self._graph
         if self.skin > 0 and graph is not None and graph.matches(numbers, cell_np, pbc_np):
@@ -215,6 +278,8 @@ class Engine:
     @property
     def n_edges(self) -> int:
         """Edges (within ``r_max + skin``) of the cached neighbour list; 0 before the first call."""
+        if self.step != "dynamic":
+            return 0 if self._static is None else self._static.n_pairs
         return 0 if self._graph is None else int(self._graph.batch.receivers.shape[0])
 
     def check_numbers(self, numbers) -> torch.Tensor:
@@ -318,6 +383,7 @@ class Engine:
         batch.positions = pos
         out = self.predictor(batch, forces=True, stress=stress)
         n = pos.shape[0]
+        self.model_edges = int(batch.receivers.shape[0])
         parts = [out["energy"].reshape(1), (moved2 if moved2 is not None else out["energy"].new_zeros(())).to(pos.dtype).reshape(1)]
         parts.append(out["forces"].reshape(-1))
         if stress:
@@ -332,6 +398,100 @@ class Engine:
             energy -= graph.offset
         forces = host[2 : 2 + 3 * n].astype(np.float64).reshape(n, 3)
         s = host[2 + 3 * n :].astype(np.float64).reshape(3, 3) if stress else None
+        return Evaluation(energy=energy, forces=forces, stress=s)
+
+    # ------------------------------------------------------------------ static step
+
+    def _evaluate_static(self, positions, numbers: np.ndarray, cell: np.ndarray, pbc: np.ndarray, stress: bool) -> Evaluation:
+        """:meth:`evaluate` through the static step (``step`` ``static`` or ``graph``)."""
+        if self.skin > 0 and self._system is not None and self._system.matches(numbers, cell, pbc):
+            previous, last = self._moved
+            if last + 1.5 * max(last - previous, 0.0) <= 0.5 * self.skin:
+                host = self._run_static(positions, stress)
+                moved = math.sqrt(max(float(host[1]), 0.0))
+                if moved > 0.5 * self.skin:
+                    self.stale_evaluations += 1
+                elif int(round(float(host[2]))) > self._static.capacities.edges:
+                    self.capacity_overflows += 1
+                else:
+                    self._moved = (self._moved[1], moved)
+                    return self._static_result(host, stress)
+            else:
+                self.early_rebuilds += 1
+        self._build_static(positions, numbers, cell, pbc)
+        host = self._run_static(positions, stress)
+        if int(round(float(host[2]))) > self._static.capacities.edges:  # the build sized it from this count
+            raise RuntimeError(f"{int(host[2])} pairs within r_max right after a build with {self._static.capacities.edges} edge slots")
+        self._moved = (0.0, 0.0)
+        return self._static_result(host, stress)
+
+    def _static_model_call(self) -> Callable:
+        """The padded model function of the static step: the engine's Predictor, or for a
+        captured step with a compile mode that replays CUDA graphs, the same compiled without."""
+        if self._static_predictor is None:
+            p = self.predictor
+            if p.compile and self.device.type == "cuda" and self.compile_mode in _WITHOUT_CUDA_GRAPHS:
+                ma, me = self._multiples
+                p = Predictor(
+                    self.model,
+                    compile=True,
+                    compile_mode=_WITHOUT_CUDA_GRAPHS[self.compile_mode],
+                    pad=True,
+                    pad_atom_multiple=ma,
+                    pad_edge_multiple=me,
+                    pad_graph_multiple=1,
+                    compile_backend=p.compile_backend,
+                )
+            self._static_predictor = p
+        return self._static_predictor.call_static
+
+    def _build_static(self, positions, numbers: np.ndarray, cell: np.ndarray, pbc: np.ndarray) -> None:
+        """A new ``r_max + skin`` list at ``positions`` into the static buffers (new buffers, and
+        a new CUDA graph, only when a capacity grows or the number of atoms or pbc change)."""
+        types = self.check_numbers(numbers)
+        if pbc.any() and abs(float(np.linalg.det(cell))) < 1e-9:
+            raise ValueError(f"periodic structure with a singular cell {cell.tolist()}")
+        pos = self._upload(positions)
+        dev, n = self.device, pos.shape[0]
+        cell_t = torch.tensor(cell, dtype=self.dtype, device=dev)
+        receivers, senders, shifts = neighbor_list(pos, self.r_max + self.skin, cell_t, torch.tensor(pbc))
+        shifts = shifts.to(self.dtype)
+        within = int(pairs_within(pos, cell_t, receivers, senders, shifts, self.r_max).sum())  # a build synchronises anyway
+        step = self._static
+        fits = step is not None and step.matches(n, pbc)
+        current = step.capacities if fits else StepCapacities(0, 0, 0)
+        capacities = current.grown(n, receivers.shape[0], within, self.headroom, *self._multiples)
+        if not fits or capacities != current:
+            step = self._static = StaticStep(self._static_model_call(), n, pbc, self.r_max, capacities, self.dtype, dev)
+            self._captured = {}
+        periodic = bool(pbc.any())
+        inv = torch.linalg.inv(torch.tensor(cell, dtype=torch.float64)).to(dev, self.dtype) if periodic else torch.zeros_like(cell_t)
+        step.load(pos, types.to(dev), cell_t, inv, receivers, senders, shifts)
+        self._system = _System(numbers=numbers.copy(), pbc=pbc.copy(), cell=cell.copy(), offset=float(self._atomic_shifts[types].sum()))
+        self.neighbor_list_builds += 1
+
+    def _run_static(self, positions, stress: bool) -> np.ndarray:
+        """The packed results of one static step at ``positions`` (host, a view valid until the
+        next call)."""
+        step = self._static
+        if self.step == "graph":
+            captured = self._captured.get(stress)
+            if captured is None:
+                captured = self._captured[stress] = CapturedStep(step, stress)
+                self.graph_captures += 1
+            return captured(positions)
+        step.positions.copy_(self._upload(positions))
+        return self._download(step(stress))
+
+    def _static_result(self, host: np.ndarray, stress: bool) -> Evaluation:
+        n = self._static.n
+        self.model_edges = int(round(float(host[2])))
+        energy = float(host[0])
+        if not self.add_atomic_offsets:
+            energy -= self._system.offset
+        k = PACKED_HEADER
+        forces = host[k : k + 3 * n].astype(np.float64).reshape(n, 3)
+        s = host[k + 3 * n :].astype(np.float64).reshape(3, 3) if stress else None
         return Evaluation(energy=energy, forces=forces, stress=s)
 
     def _download(self, packed: torch.Tensor) -> np.ndarray:

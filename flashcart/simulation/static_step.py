@@ -1,0 +1,243 @@
+"""The static-shape simulation step: every tensor it touches has a fixed shape and address.
+
+A step that reuses a neighbour list (built with cutoff ``r_max + skin``) does, on the device,
+without any host synchronisation:
+
+1. unwrap the positions next to the list's reference positions by whole lattice vectors;
+2. the largest squared displacement from the reference (Å^2), which says whether the list is
+   still valid (no atom moved more than ``skin / 2``);
+3. **compaction**: the pairs of the list closer than ``r_max`` (mask, cumulative sum, scatter)
+   into a buffer of ``capacities.edges`` model edges, the free slots filled with padding edges
+   that contribute exactly zero (as :meth:`Predictor._pad <flashcart.model.Predictor.padded>`
+   makes them: between padding atoms spaced ``2 r_max`` apart). The model therefore sees the
+   edges the profiler sees (within ``r_max``), not the ``((r_max + skin) / r_max)^3`` times
+   more of the list. The number of pairs within ``r_max`` is reported with the results: more
+   than the capacity is an overflow, and the caller must rebuild with a larger capacity (the
+   results of that step are wrong and must be discarded);
+4. the padded model call with ``autograd`` forces (and stress);
+5. one packed result ``[energy, moved^2, pairs within r_max, forces (3N), stress (9)]``.
+
+:class:`StaticStep` owns the buffers and runs the step eagerly (any device);
+:class:`CapturedStep` captures the same step, between a pinned host input and a pinned host
+output, as one CUDA graph: per call the host copies the positions into pinned memory, replays
+the graph and synchronises once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+__all__ = ["StepCapacities", "StaticStep", "CapturedStep", "pairs_within", "PACKED_HEADER"]
+
+PACKED_HEADER = 3  # energy, moved^2, pairs within r_max; then forces (3N) and stress (9)
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return max(multiple, int(math.ceil(n / multiple)) * multiple)
+
+
+@dataclass(frozen=True)
+class StepCapacities:
+    """Static sizes of a :class:`StaticStep`.
+
+    atoms: padded atoms (real atoms + at least two padding atoms). pairs: slots for the
+    ``r_max + skin`` neighbour list. edges: slots for the compacted list the model sees.
+    """
+
+    atoms: int
+    pairs: int
+    edges: int
+
+    def fits(self, n_atoms: int, n_pairs: int, n_edges: int) -> bool:
+        return n_atoms + 2 <= self.atoms and n_pairs <= self.pairs and n_edges <= self.edges
+
+    def grown(self, n_atoms: int, n_pairs: int, n_edges: int, headroom: float, atom_multiple: int, edge_multiple: int) -> "StepCapacities":
+        """Capacities that fit these sizes: kept where they already fit, else the size times
+        ``1 + headroom`` rounded up to the multiples (never shrinks)."""
+        h = 1.0 + headroom
+
+        def grow(current: int, need: int, multiple: int) -> int:
+            return current if need <= current else _round_up(max(need, int(math.ceil(h * need))), multiple)
+
+        return StepCapacities(
+            atoms=grow(self.atoms, n_atoms + 2, atom_multiple),
+            pairs=grow(self.pairs, n_pairs, edge_multiple),
+            edges=grow(self.edges, n_edges, edge_multiple),
+        )
+
+
+def pairs_within(positions, cell, receivers, senders, shifts, r_max: float) -> torch.Tensor:
+    """Mask ``[P]``: pairs ``(i, j, S)`` with ``|x_j - x_i + S @ cell| < r_max`` (Å).
+
+    Written as elementwise operations in a fixed order (no matrix product or reduction whose
+    kernel could depend on ``P``), so the count at a list's build and the step's count at the
+    same positions agree exactly."""
+    image = shifts[:, 0:1] * cell[0] + shifts[:, 1:2] * cell[1] + shifts[:, 2:3] * cell[2]
+    v = positions.index_select(0, senders) - positions.index_select(0, receivers) + image
+    return v[:, 0] * v[:, 0] + v[:, 1] * v[:, 1] + v[:, 2] * v[:, 2] < r_max * r_max
+
+
+class StaticStep:
+    """Static buffers for one structure and the step that runs on them (see the module docs).
+
+    Args:
+        model_call: ``(positions, strain, types, cell, shifts, receivers, senders, batch,
+            edge_batch, n_graphs) -> (energy [G], forces [A, 3], stress [G, 3, 3] | None)``
+            on padded tensors (:meth:`flashcart.model.Predictor.call_static`).
+        n_atoms: real atoms ``N``.
+        pbc: ``[3]`` periodicity (the unwrapping uses the periodic lattice vectors only).
+        r_max: model cutoff (Å).
+        capacities: static sizes.
+        dtype, device: of the positions and the model.
+    """
+
+    def __init__(
+        self,
+        model_call: Callable,
+        n_atoms: int,
+        pbc: np.ndarray,
+        r_max: float,
+        capacities: StepCapacities,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
+        if not capacities.fits(n_atoms, 0, 0):
+            raise ValueError(f"atom capacity {capacities.atoms} is too small for {n_atoms} atoms and two padding atoms")
+        self.model_call, self.n, self.r_max, self.capacities = model_call, n_atoms, float(r_max), capacities
+        self.pbc = np.asarray(pbc, dtype=bool).copy()
+        self.periodic = bool(self.pbc.any())
+        self.dtype, self.device = dtype, device
+        n, a, p, c = n_atoms, capacities.atoms, capacities.pairs, capacities.edges
+        f = dict(dtype=dtype, device=device)
+        i = dict(dtype=torch.long, device=device)
+        self.positions = torch.zeros(n, 3, **f)  # the input slot (Å), written before every step
+        self.reference = torch.zeros(n, 3, **f)  # where the list was built
+        self.cell = torch.zeros(3, 3, **f)
+        self.inv_cell = torch.zeros(3, 3, **f)
+        self.periodic_mask = torch.tensor(self.pbc, **f)
+        self.pair_receivers = torch.zeros(p, **i)
+        self.pair_senders = torch.zeros(p, **i)
+        self.pair_shifts = torch.zeros(p, 3, **f)
+        self.pair_valid = torch.zeros(p, dtype=torch.bool, device=device)
+        self.n_pairs = 0
+        # padding: atoms n..a-1 on a line 2 r_max apart (graph 1), edges between neighbouring ones
+        pa = a - n
+        self.padded_positions = torch.zeros(a, 3, **f)
+        self.padded_positions[n:, 0] = torch.arange(pa, **f) * (2.0 * self.r_max)
+        self.types = torch.zeros(a, **i)
+        self.batch = torch.cat([torch.zeros(n, **i), torch.ones(pa, **i)])
+        self.model_cell = torch.zeros(2, 3, 3, **f)
+        k = torch.arange(c + 1, **i)  # one extra slot takes the pairs that are not copied
+        self.pad_receivers = n + (k * pa) // (c + 1)
+        self.pad_senders = n + ((self.pad_receivers - n + 1) % pa)
+        self.slots = torch.arange(c, **i)
+
+    def matches(self, n_atoms: int, pbc: np.ndarray) -> bool:
+        return n_atoms == self.n and np.array_equal(np.asarray(pbc, dtype=bool), self.pbc)
+
+    def load(self, positions, types, cell, inv_cell, receivers, senders, shifts) -> None:
+        """A new neighbour list (built at ``positions`` ``[N, 3]``, the new reference) into the
+        static buffers (eager copies; nothing is reallocated). The caller checks that it fits."""
+        p = receivers.shape[0]
+        if p > self.capacities.pairs:
+            raise ValueError(f"{p} pairs do not fit the capacity of {self.capacities.pairs}")
+        with torch.no_grad():
+            self.reference.copy_(positions)
+            self.positions.copy_(positions)
+            self.cell.copy_(cell)
+            self.inv_cell.copy_(inv_cell)
+            self.model_cell[0].copy_(cell)
+            self.types[: self.n].copy_(types)
+            self.pair_receivers[:p].copy_(receivers)
+            self.pair_receivers[p:].zero_()
+            self.pair_senders[:p].copy_(senders)
+            self.pair_senders[p:].zero_()
+            self.pair_shifts[:p].copy_(shifts)
+            self.pair_shifts[p:].zero_()
+            self.pair_valid[:p].fill_(True)
+            self.pair_valid[p:].fill_(False)
+        self.n_pairs = p
+
+    def packed_size(self, stress: bool) -> int:
+        return PACKED_HEADER + 3 * self.n + (9 if stress else 0)
+
+    def __call__(self, stress: bool) -> torch.Tensor:
+        """One step on the current contents of :attr:`positions`: the packed results
+        ``[energy, moved^2, pairs within r_max, forces (3N), stress (9, if asked)]`` (device).
+        Static shapes, no host synchronisation, no tensors from host data."""
+        pos = self.positions
+        if self.periodic:  # whole lattice vectors; exact for atoms that were not wrapped
+            wraps = torch.round((pos - self.reference) @ self.inv_cell) * self.periodic_mask
+            pos = pos - wraps @ self.cell
+        d = pos - self.reference
+        moved2 = (d * d).sum(dim=1).amax()
+        # compaction: pairs within r_max, in list order (still grouped by receiver), then padding
+        c = self.capacities.edges
+        within = pairs_within(pos, self.cell, self.pair_receivers, self.pair_senders, self.pair_shifts, self.r_max) & self.pair_valid
+        rank = torch.cumsum(within, 0) - 1
+        count = within.sum()
+        target = torch.where(within & (rank < c), rank, c)  # slot c: discarded
+        receivers = self.pad_receivers.scatter(0, target, self.pair_receivers)[:c]
+        senders = self.pad_senders.scatter(0, target, self.pair_senders)[:c]
+        shifts = torch.zeros(c + 1, 3, dtype=self.dtype, device=self.device).scatter(0, target[:, None].expand(-1, 3), self.pair_shifts)[:c]
+        real = self.slots < count
+        edge_batch = (~real).long()
+        with torch.no_grad():
+            self.padded_positions[: self.n].copy_(pos)
+        x = self.padded_positions.detach().requires_grad_(True)
+        strain = torch.zeros(2, 3, 3, dtype=self.dtype, device=self.device, requires_grad=True) if stress else None
+        energy, forces, s = self.model_call(x, strain, self.types, self.model_cell, shifts, receivers, senders, self.batch, edge_batch, 2)
+        parts = [energy[:1].detach(), moved2.reshape(1), count.to(self.dtype).reshape(1), forces[: self.n].detach().reshape(-1)]
+        if stress:
+            parts.append(s[0].detach().reshape(-1))
+        return torch.cat(parts)
+
+
+class CapturedStep:
+    """A :class:`StaticStep` captured as one CUDA graph, from a pinned host input ``[N, 3]``
+    to a pinned host output (the packed results).
+
+    The graph holds: host-to-device copy of the positions, the step, device-to-host copy of
+    the results. It is captured after ``warmup`` eager runs on a side stream (which compile
+    and autotune whatever the first calls compile; the capture uses that same stream), and
+    stays valid while the step's buffers are not reallocated (new lists are copied into them).
+    """
+
+    def __init__(self, step: StaticStep, stress: bool, warmup: int = 3):
+        if step.device.type != "cuda":
+            raise ValueError(f"a CUDA graph needs a CUDA device, the step is on {step.device}")
+        self.step, self.stress = step, stress
+        self.host_in = torch.empty(step.n, 3, dtype=step.dtype, pin_memory=True)
+        self.host_out = torch.empty(step.packed_size(stress), dtype=step.dtype, pin_memory=True)
+        self.host_in.copy_(step.positions)  # warm-up on the current (valid) positions
+        device = step.device
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            for _ in range(warmup):
+                self._body()
+        stream.synchronize()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, stream=stream):
+            self._body()
+        torch.cuda.current_stream(device).wait_stream(stream)
+
+    def _body(self) -> None:
+        self.step.positions.copy_(self.host_in, non_blocking=True)
+        self.host_out.copy_(self.step(self.stress), non_blocking=True)
+
+    def __call__(self, positions) -> np.ndarray:
+        """The packed results for ``positions`` ``[N, 3]`` Å (NumPy or tensor), as a view of the
+        pinned output (valid until the next call)."""
+        if isinstance(positions, torch.Tensor):
+            self.host_in.copy_(positions.detach())
+        else:
+            self.host_in.numpy()[...] = positions  # cast to the step's dtype on the host
+        self.graph.replay()
+        torch.cuda.current_stream(self.step.device).synchronize()
+        return self.host_out.numpy()
