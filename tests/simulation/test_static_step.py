@@ -1,0 +1,136 @@
+"""The engine's static-shape step: compaction to the pairs within r_max, capacity overflow, and
+equality with the dynamic step along an MD trajectory (rebuilds, wrapped atoms)."""
+
+import numpy as np
+import pytest
+import torch
+from ase import units as ase_units
+from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
+from ase.md.verlet import VelocityVerlet
+from ase.neighborlist import primitive_neighbor_list
+
+from flashcart.integrations.ase import FlashCartCalculator
+from flashcart.simulation import Engine
+from flashcart.simulation.static_step import StaticStep, StepCapacities
+from flashcart.testing import reference_evaluation
+
+from .systems import tiny_water_model, water_box, water_cluster
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_water_model()
+
+
+def _evaluate(engine, atoms, stress=False):
+    cell = atoms.cell.array if atoms.pbc.any() else None
+    return engine.evaluate(atoms.positions, atoms.numbers, cell, atoms.pbc, stress=stress)
+
+
+def _pairs(atoms, cutoff):
+    return len(primitive_neighbor_list("i", atoms.pbc, atoms.cell.array, atoms.positions, cutoff))
+
+
+def test_step_modes_resolve_and_bad_combinations_are_errors(model):
+    assert Engine(model, device="cpu", skin=0.5).step == "static"
+    assert Engine(model, device="cpu", skin=0.0).step == "dynamic"
+    assert Engine(model, device="cpu", skin=0.5, pad=False).step == "dynamic"
+    with pytest.raises(ValueError, match="step must be one of"):
+        Engine(model, device="cpu", step="fast")
+    with pytest.raises(ValueError, match=r"step='graph' captures a CUDA graph and needs a CUDA device"):
+        Engine(model, device="cpu", skin=0.5, step="graph")
+    with pytest.raises(ValueError, match="cannot run with pad=False"):
+        Engine(model, device="cpu", skin=0.5, step="static", pad=False)
+
+
+@pytest.mark.parametrize("structure", ["cluster", "box"])
+def test_compacted_equals_uncompacted_equals_a_fresh_list(model, structure):
+    atoms = water_cluster() if structure == "cluster" else water_box()
+    stress = structure == "box"
+    static = Engine(model, device="cpu", dtype="float64", skin=1.0, step="static")
+    dynamic = Engine(model, device="cpu", dtype="float64", skin=1.0, step="dynamic")
+    moved = atoms.copy()
+    moved.positions += np.random.default_rng(3).normal(scale=0.1, size=moved.positions.shape)  # < skin / 2
+    for frame in (atoms, moved):
+        a, b = _evaluate(static, frame, stress), _evaluate(dynamic, frame, stress)
+        e, f, s = reference_evaluation(model, frame, stress)
+        for r in (a, b):
+            assert abs(r.energy - e) < 1e-12 * max(1.0, abs(e))
+            assert np.abs(r.forces - f).max() < 1e-12
+            if stress:
+                assert np.abs(r.stress - s).max() < 1e-12
+        # the model saw the pairs within r_max only, the dynamic step the whole r_max + skin list
+        assert static.model_edges == _pairs(frame, model.r_max)
+        assert dynamic.model_edges == static.n_edges == _pairs(atoms, model.r_max + 1.0)
+    assert static.neighbor_list_builds == 1 and static.capacity_overflows == 0
+    if structure == "box":
+        assert static.model_edges < static.n_edges  # the compaction did drop pairs
+
+
+def test_capacity_overflow_is_detected_and_rebuilt_never_silently_wrong(model):
+    atoms = water_box(n_side=2, tilt=False)
+    # no headroom and unit rounding: the edge capacity is exactly the pairs within r_max at the build
+    engine = Engine(model, device="cpu", dtype="float64", skin=1.0, headroom=0.0, pad_edge_multiple=1, step="static")
+    _evaluate(engine, atoms)
+    capacity = engine._static.capacities.edges
+    assert capacity == _pairs(atoms, model.r_max)
+    # move one atom 0.3 Å (< skin / 2) in the direction that brings the most new pairs within r_max
+    best = None
+    for i in range(len(atoms)):
+        for direction in np.vstack([np.eye(3), -np.eye(3)]):
+            trial = atoms.copy()
+            trial.positions[i] += 0.3 * direction
+            count = _pairs(trial, model.r_max)
+            if best is None or count > best[0]:
+                best = (count, trial)
+    count, moved = best
+    assert count > capacity
+    r = _evaluate(engine, moved)
+    assert engine.capacity_overflows == 1 and engine.stale_evaluations == 0 and engine.neighbor_list_builds == 2
+    assert engine._static.capacities.edges >= count and engine.model_edges == count
+    e, f, _ = reference_evaluation(model, moved)
+    assert abs(r.energy - e) < 1e-12 * max(1.0, abs(e)) and np.abs(r.forces - f).max() < 1e-12
+
+
+def test_the_step_reports_pairs_beyond_its_capacity(model):
+    """The step itself: with fewer edge slots than pairs within r_max it reports the true count
+    (the caller's signal to discard the result)."""
+    atoms = water_cluster()
+    n, pos = len(atoms), torch.tensor(atoms.positions)
+    i, j = np.nonzero(np.linalg.norm(atoms.positions[:, None] - atoms.positions[None], axis=-1) < model.r_max + 0.5)
+    keep = i != j
+    receivers, senders = torch.tensor(i[keep]), torch.tensor(j[keep])
+    within = int((torch.linalg.norm(pos[senders] - pos[receivers], dim=1) < model.r_max).sum())
+    caps = StepCapacities(atoms=n + 3, pairs=len(receivers), edges=within - 5)
+
+    def model_call(positions, strain, types, cell, shifts, recv, send, batch, edge_batch, n_graphs):
+        assert recv.shape == (caps.edges,) and positions.shape == (caps.atoms, 3)  # static shapes
+        energy = (positions[:, 0] * 0).sum().reshape(1).repeat(2)
+        return energy, torch.zeros_like(positions), None
+
+    step = StaticStep(model_call, n, np.zeros(3, bool), model.r_max, caps, torch.float64, torch.device("cpu"))
+    step.load(
+        pos, torch.zeros(n, dtype=torch.long), torch.zeros(3, 3), torch.zeros(3, 3), receivers, senders, torch.zeros(len(receivers), 3)
+    )
+    packed = step(stress=False)
+    assert packed.shape == (3 + 3 * n,) and int(packed[2]) == within > caps.edges and float(packed[1]) == 0.0
+
+
+def test_static_step_equals_dynamic_step_along_md_with_rebuilds_and_wrapping(model):
+    """MD driven by the dynamic engine (atoms wrapped into the cell after every step, as OpenMM
+    does); the static engine evaluates the same positions step after step."""
+    atoms = water_box(n_side=2)
+    atoms.calc = FlashCartCalculator(Engine(model, device="cpu", dtype="float64", skin=0.3, step="dynamic"))
+    static = Engine(model, device="cpu", dtype="float64", skin=0.3, step="static")
+    MaxwellBoltzmannDistribution(atoms, temperature_K=3000, rng=np.random.default_rng(0))
+    dyn = VelocityVerlet(atoms, timestep=1.0 * ase_units.fs)
+    reference = atoms.get_scaled_positions(wrap=False)
+    wrapped = 0
+    for _ in range(30):
+        dyn.run(1)
+        atoms.wrap()
+        r = static.evaluate(atoms.positions, atoms.numbers, atoms.cell.array, atoms.pbc)
+        assert abs(r.energy - atoms.get_potential_energy()) < 1e-10
+        assert np.abs(r.forces - atoms.get_forces()).max() < 1e-10
+        wrapped += int((np.abs(atoms.get_scaled_positions(wrap=False) - reference) > 0.5).any())
+    assert static.neighbor_list_builds >= 3 and atoms.calc.engine.neighbor_list_builds >= 3 and wrapped > 0
