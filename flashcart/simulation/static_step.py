@@ -223,7 +223,9 @@ class CapturedStep:
                 self._body()
         stream.synchronize()
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, stream=stream):
+        # thread_local: another library in the process (OpenMM's CUDA platform) may use the
+        # device from its own threads; only this thread's work must be capture-safe
+        with torch.cuda.graph(self.graph, stream=stream, capture_error_mode="thread_local"):
             self._body()
         torch.cuda.current_stream(device).wait_stream(stream)
 

@@ -47,3 +47,24 @@ def water_box(n_side: int = 2, spacing: float = 3.1, tilt: bool = True) -> Atoms
     grid = np.stack(np.meshgrid(*[np.arange(n_side)] * 3, indexing="ij"), -1).reshape(-1, 3)
     centres = (grid + 0.5) / n_side @ cell + rng.normal(scale=0.1, size=(len(grid), 3))
     return Atoms("OHH" * len(grid), positions=_waters(centres, rng), cell=cell, pbc=True)
+
+
+def pairs_within(atoms: Atoms, cutoff: float) -> int:
+    """Directed pairs closer than ``cutoff`` (Å), by ASE's neighbour list."""
+    from ase.neighborlist import primitive_neighbor_list
+
+    return len(primitive_neighbor_list("i", atoms.pbc, atoms.cell.array, atoms.positions, cutoff))
+
+
+def denser_by_one_move(atoms: Atoms, cutoff: float, distance: float) -> tuple[int, Atoms]:
+    """The move of one atom by ``distance`` (Å) along a Cartesian axis that brings the most pairs
+    within ``cutoff``: ``(pairs within cutoff afterwards, moved copy)``."""
+    best = None
+    for i in range(len(atoms)):
+        for direction in np.vstack([np.eye(3), -np.eye(3)]):
+            trial = atoms.copy()
+            trial.positions[i] += distance * direction
+            count = pairs_within(trial, cutoff)
+            if best is None or count > best[0]:
+                best = (count, trial)
+    return best

@@ -7,14 +7,13 @@ import torch
 from ase import units as ase_units
 from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
 from ase.md.verlet import VelocityVerlet
-from ase.neighborlist import primitive_neighbor_list
 
 from flashcart.integrations.ase import FlashCartCalculator
 from flashcart.simulation import Engine
 from flashcart.simulation.static_step import StaticStep, StepCapacities
 from flashcart.testing import reference_evaluation
 
-from .systems import tiny_water_model, water_box, water_cluster
+from .systems import denser_by_one_move, pairs_within, tiny_water_model, water_box, water_cluster
 
 
 @pytest.fixture(scope="module")
@@ -25,10 +24,6 @@ def model():
 def _evaluate(engine, atoms, stress=False):
     cell = atoms.cell.array if atoms.pbc.any() else None
     return engine.evaluate(atoms.positions, atoms.numbers, cell, atoms.pbc, stress=stress)
-
-
-def _pairs(atoms, cutoff):
-    return len(primitive_neighbor_list("i", atoms.pbc, atoms.cell.array, atoms.positions, cutoff))
 
 
 def test_step_modes_resolve_and_bad_combinations_are_errors(model):
@@ -60,8 +55,8 @@ def test_compacted_equals_uncompacted_equals_a_fresh_list(model, structure):
             if stress:
                 assert np.abs(r.stress - s).max() < 1e-12
         # the model saw the pairs within r_max only, the dynamic step the whole r_max + skin list
-        assert static.model_edges == _pairs(frame, model.r_max)
-        assert dynamic.model_edges == static.n_edges == _pairs(atoms, model.r_max + 1.0)
+        assert static.model_edges == pairs_within(frame, model.r_max)
+        assert dynamic.model_edges == static.n_edges == pairs_within(atoms, model.r_max + 1.0)
     assert static.neighbor_list_builds == 1 and static.capacity_overflows == 0
     if structure == "box":
         assert static.model_edges < static.n_edges  # the compaction did drop pairs
@@ -73,17 +68,9 @@ def test_capacity_overflow_is_detected_and_rebuilt_never_silently_wrong(model):
     engine = Engine(model, device="cpu", dtype="float64", skin=1.0, headroom=0.0, pad_edge_multiple=1, step="static")
     _evaluate(engine, atoms)
     capacity = engine._static.capacities.edges
-    assert capacity == _pairs(atoms, model.r_max)
+    assert capacity == pairs_within(atoms, model.r_max)
     # move one atom 0.3 Å (< skin / 2) in the direction that brings the most new pairs within r_max
-    best = None
-    for i in range(len(atoms)):
-        for direction in np.vstack([np.eye(3), -np.eye(3)]):
-            trial = atoms.copy()
-            trial.positions[i] += 0.3 * direction
-            count = _pairs(trial, model.r_max)
-            if best is None or count > best[0]:
-                best = (count, trial)
-    count, moved = best
+    count, moved = denser_by_one_move(atoms, model.r_max, 0.3)
     assert count > capacity
     r = _evaluate(engine, moved)
     assert engine.capacity_overflows == 1 and engine.stale_evaluations == 0 and engine.neighbor_list_builds == 2
