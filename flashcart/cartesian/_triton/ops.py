@@ -17,45 +17,45 @@ Ops (namespace ``flashcart``):
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
 import triton
-import triton.language as tl
 from torch import Tensor
 
 from .._layout import edge_csr
 from .._linear_spec import BWD_W, BWD_X, FWD, N_COLS, linear_spec, n_tiles
+from .common import DT as _DT
+from .common import block_f as _block_f
+from .common import reduce_channels as _reduce_channels
+from .common import tp_shapes as _tp_shapes
+from .double_backward import fused_outputs
+from .double_backward import tp_dbwd as _tp_dbwd_op
 from .linear_kernel import grouped_matmul
 from .signatures import EXPANSION_FWD, EXPANSION_SECOND, EXPANSION_VJP, TP_BWD_EDGE, TP_BWD_X1_CSR, TP_FWD
-from .source import expansion_module, product_key, product_module, product_spec
+from .source import expansion_module, product_key, product_module
 
-__all__ = ["tensor_product", "direction_expansion", "equivariant_linear", "edge_csr"]
-
-_DT = {torch.float32: tl.float32, torch.float64: tl.float64, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+__all__ = ["tensor_product", "direction_expansion", "equivariant_linear", "edge_csr", "FUSED_DOUBLE_BACKWARD"]
 
 
-def _block_f(F: int) -> tuple[int, int]:
-    block = min(64, triton.next_power_of_2(F))
-    return block, max(1, block // 32)
+def _env_switch(name: str, default: bool) -> bool:
+    raw = os.environ.get(name, "").strip()
+    if raw == "":
+        return default
+    if raw not in ("0", "1"):
+        raise ValueError(f"environment variable {name} must be 0 or 1, got {raw!r}")
+    return raw == "1"
 
 
-def _channels(width: int, comps: int, what: str) -> int:
-    if width % comps:
-        raise ValueError(f"{what} width {width} is not a multiple of {comps}")
-    return width // comps
-
+# The tensor product's double backward: the fused kernels (double_backward.tp_dbwd, default)
+# or the composition of tp_fwd/tp_bwd launches (FLASHCART_FUSED_DOUBLE_BACKWARD=0). Read at
+# import; benchmarks flip the module attribute to compare the two in one process.
+FUSED_DOUBLE_BACKWARD = _env_switch("FLASHCART_FUSED_DOUBLE_BACKWARD", True)
 
 # ---------------------------------------------------------------------------------------
 # tensor product
 # ---------------------------------------------------------------------------------------
-
-
-def _tp_shapes(key: str, x1: Tensor, x2: Tensor):
-    spec = product_spec(key)
-    f1 = _channels(x1.shape[1], spec.in1_comps, "x1")
-    f2 = _channels(x2.shape[1], spec.in2_comps, "x2")
-    return spec, f1, f2, max(f1, f2)
 
 
 # Graph tensors in convolution mode: receivers, senders, rowptr, perm, srowptr (see edge_csr);
@@ -114,13 +114,6 @@ def _(x1, x2, w, receivers, senders, rowptr, perm, srowptr, key):
     spec, _, _, F = _tp_shapes(key, x1, x2)
     rows = x1.shape[0] if rowptr is not None else x2.shape[0]
     return x2.new_empty(rows, spec.n_out_blocks * F)
-
-
-def _reduce_channels(g: Tensor, comps: int, channels: int) -> Tensor:
-    """Sum per-channel gradients of a broadcast (1-channel) input."""
-    if channels != 1:
-        return g
-    return g.view(g.shape[0], comps, -1).sum(-1)
 
 
 @torch.library.custom_op("flashcart::tp_bwd", mutates_args=())
@@ -267,6 +260,12 @@ def _add(a: Optional[Tensor], b: Optional[Tensor]) -> Optional[Tensor]:
     return a if b is None else a + b
 
 
+def _recorded(*tensors: Optional[Tensor]) -> bool:
+    """Whether a derivative computed now is itself recorded for autograd (a third derivative):
+    the fused double backward has none, the composed one is differentiable."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def _tp_bwd_backward(ctx, gg1, gg2, ggw):
     """Derivative of ``(g1, g2, gw) = tp_bwd(go, x1, x2, w)`` given cotangents ``gg*``.
 
@@ -274,6 +273,9 @@ def _tp_bwd_backward(ctx, gg1, gg2, ggw):
     ``d go = F(gg1, x2, w) + F(x1, gg2, w) + F(x1, x2, ggw)``,
     ``d x1 = G1(go, gg2, w) + G1(go, x2, ggw)``, ``d x2 = G2(go, gg1, w) + G2(go, x1, ggw)``,
     ``d w = Gw(go, gg1, x2) + Gw(go, x1, gg2)`` with ``F = tp_fwd`` and ``G* = tp_bwd``.
+    By default the fused kernels evaluate all of it in two launches (``tp_dbwd``); the
+    composition above (up to ten launches) runs when the result must itself be
+    differentiable or with ``FUSED_DOUBLE_BACKWARD`` off.
     """
     go, x1, x2, w, receivers, senders, rowptr, perm, srowptr = ctx.saved_tensors
     graph = (receivers, senders, rowptr, perm, srowptr)
@@ -283,6 +285,10 @@ def _tp_bwd_backward(ctx, gg1, gg2, ggw):
     gg2 = gg2 if n2 and _present(gg2) else None
     ggw = ggw if nw and _present(ggw) else None
     need = ctx.needs_input_grad
+    if FUSED_DOUBLE_BACKWARD and not _recorded(go, x1, x2, w, gg1, gg2, ggw):
+        flags = fused_outputs(gg1 is not None, gg2 is not None, ggw is not None, tuple(need[:4]))
+        outs = tp_dbwd(go, x1, x2, w, gg1, gg2, ggw, *graph, key, *need[:4])
+        return tuple(o if c else None for o, c in zip(outs, flags)) + (None,) * 9
 
     def fwd(a, b, c):
         return tp_fwd(a, b, c, *graph, key)
@@ -635,6 +641,17 @@ def _dispatching(name: str, op, setup, backward):
 # (looked up when those run), become dispatchers; ``name.op`` is the custom op.
 tp_fwd = _dispatching("tp_fwd", tp_fwd, _tp_setup, _tp_backward)
 tp_bwd = _dispatching("tp_bwd", tp_bwd, _tp_bwd_setup, _tp_bwd_backward)
+
+
+def tp_dbwd(*args):
+    """The fused double backward: its implementation directly in eager mode (it is only called
+    where nothing records autograd), the custom op under compilation or dispatch modes."""
+    if _eager_ok(args[0]):
+        return _tp_dbwd_op._init_fn(*args)
+    return _tp_dbwd_op(*args)
+
+
+tp_dbwd.op = _tp_dbwd_op
 lin_fwd = _dispatching("lin_fwd", lin_fwd, _lin_fwd_setup, _lin_fwd_backward)
 lin_bwd_x = _dispatching("lin_bwd_x", lin_bwd_x, _lin_bx_setup, _lin_bx_backward)
 lin_bwd_w = _dispatching("lin_bwd_w", lin_bwd_w, _lin_bw_setup, _lin_bw_backward)

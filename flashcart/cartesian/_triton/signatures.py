@@ -11,7 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["KernelSignature", "TP_FWD", "TP_BWD_EDGE", "TP_BWD_X1_CSR", "EXPANSION_FWD", "EXPANSION_VJP", "EXPANSION_SECOND"]
+__all__ = [
+    "KernelSignature",
+    "TP_FWD",
+    "TP_BWD_EDGE",
+    "TP_BWD_X1_CSR",
+    "TP_DBWD_ROW",
+    "TP_DBWD_X1_CSR",
+    "EXPANSION_FWD",
+    "EXPANSION_VJP",
+    "EXPANSION_SECOND",
+]
 
 
 @dataclass(frozen=True)
@@ -111,6 +121,81 @@ TP_BWD_X1_CSR = KernelSignature(
         "F",
     ),
     constexprs=("BLOCK_F", "DT"),
+)
+
+# Fused double backward (codegen_double.generate_double_backward_source, its own module per
+# configuration). gg1/gg2/ggw: cotangents of the backward's three outputs, laid out like
+# x1/x2/w (so they share x1_row/x2_row/w_row); d*: the four results. HAS_*: that cotangent
+# is present; NEED_*: that result is computed (the launcher clears a flag whose terms are all
+# absent); RED_X1/RED_X2: the input is broadcast (one channel), so each program stores its
+# channel sum in the column block of its channel block; SHARED_W: 1-D weights, the weight
+# gradient is summed over each program's edges and stored per program row.
+TP_DBWD_ROW = KernelSignature(
+    "tp_dbwd_row",
+    args=(
+        "go_ptr",
+        "x1_ptr",
+        "x2_ptr",
+        "w_ptr",
+        "gg1_ptr",
+        "gg2_ptr",
+        "ggw_ptr",
+        "dgo_ptr",
+        "dx1_ptr",
+        "dx2_ptr",
+        "dw_ptr",
+        "rowptr_ptr",
+        "send_ptr",
+        "go_row",
+        "x1_row",
+        "x2_row",
+        "w_row",
+        "dx1_row",
+        "dx2_row",
+        "dw_row",
+        "F1S",
+        "F2S",
+        "F1C",
+        "F2C",
+        "F",
+    ),
+    constexprs=(
+        "CONV",
+        "HAS_GG1",
+        "HAS_GG2",
+        "HAS_GGW",
+        "NEED_GO",
+        "NEED_X1",
+        "NEED_X2",
+        "NEED_W",
+        "RED_X1",
+        "RED_X2",
+        "SHARED_W",
+        "BLOCK_F",
+        "DT",
+    ),
+)
+TP_DBWD_X1_CSR = KernelSignature(
+    "tp_dbwd_x1_csr",
+    args=(
+        "go_ptr",
+        "x2_ptr",
+        "w_ptr",
+        "gg2_ptr",
+        "ggw_ptr",
+        "dx1_ptr",
+        "srowptr_ptr",
+        "perm_ptr",
+        "recv_ptr",
+        "go_row",
+        "x2_row",
+        "w_row",
+        "dx1_row",
+        "F2S",
+        "F2C",
+        "F",
+    ),
+    constexprs=("HAS_GG2", "HAS_GGW", "RED_X1", "BLOCK_F", "DT"),
 )
 
 # Direction expansion (codegen.generate_expansion_source); n: rows, BLOCK: rows per program.

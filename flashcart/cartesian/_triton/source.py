@@ -9,8 +9,9 @@ from .._backend import KERNEL_L_MAX
 from .._cache import load_generated
 from .._paths import enumerate_paths
 from .codegen import generate_expansion_source, generate_product_source, out_offsets
+from .codegen_double import generate_double_backward_source
 
-__all__ = ["product_module", "expansion_module", "ProductSpec", "product_spec"]
+__all__ = ["product_module", "double_backward_module", "expansion_module", "ProductSpec", "product_spec"]
 
 
 class ProductSpec:
@@ -45,6 +46,19 @@ def product_module(key: str) -> ModuleType:
         name,
         KERNEL_L_MAX,
         lambda _: generate_product_source(spec.paths, spec.in1_l_max, spec.in2_l_max, spec.out_l_max, spec.reduce),
+    )
+
+
+@lru_cache(maxsize=None)
+def double_backward_module(key: str) -> ModuleType:
+    """Fused double-backward kernels for one configuration: a module of their own, so that
+    inference (forward and backward only) never generates or compiles them."""
+    spec = product_spec(key)
+    name = "triton_tp_dbwd_" + key.replace(",", "_")
+    return load_generated(
+        name,
+        KERNEL_L_MAX,
+        lambda _: generate_double_backward_source(spec.paths, spec.in1_l_max, spec.in2_l_max, spec.out_l_max, spec.reduce),
     )
 
 

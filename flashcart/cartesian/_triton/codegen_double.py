@@ -1,0 +1,282 @@
+"""Emit the fused double backward of the tensor product as Triton kernels.
+
+The backward ``(g1, g2, gw) = tp_bwd(go, x1, x2, w)`` is linear in each operand, so with
+cotangents ``gg1, gg2, ggw`` of its outputs and, per path ``p``, the product ``B_p`` and its
+vector-Jacobian products ``A_p`` (towards input 1) and ``C_p`` (towards input 2):
+
+* ``d go = sum_p B_p(w_p gg1 + ggw_p x1, x2) + w_p B_p(x1, gg2)``
+* ``d x2 = sum_p C_p(go, w_p gg1 + ggw_p x1)``
+* ``d w_p = <go, B_p(gg1, x2)> + <go, B_p(x1, gg2)>``
+* ``d x1 = sum_p A_p(go, w_p gg2 + ggw_p x2)``
+
+(each term present only with its cotangent). Two kernels evaluate these with each operand
+loaded once per edge:
+
+* ``tp_dbwd_row``: one program per receiver (convolution) or row (dense) and channel block.
+  It loads the receiver's ``go`` row once, walks the receiver's edges (CSR ``rowptr``) and
+  per edge gathers the sender rows of ``x1``/``gg1`` and the edge rows of ``x2``/``gg2``/
+  ``w``/``ggw``: it accumulates ``d go`` in registers (one store per receiver) and stores the
+  edge's ``d x2`` and ``d w`` (edges are grouped by receiver, so every edge row is written by
+  exactly one program, without atomics). In dense mode it also stores ``d x1``.
+* ``tp_dbwd_x1_csr``: convolution-mode ``d x1``, one program per sender walking that
+  sender's edges (``perm`` sorts edges by sender), again without atomics.
+
+Absent cotangents and results nobody needs are compiled out through ``tl.constexpr`` flags
+(``HAS_*``, ``NEED_*``); the launcher clears a ``NEED_*`` flag whose terms are all absent, so a
+kernel never evaluates an empty sum. Parameter lists come from ``signatures``.
+"""
+
+from __future__ import annotations
+
+from .._codegen_torch import bilinear_lines
+from .._expressions import product_table, product_vjp_a_table, product_vjp_b_table
+from .._paths import Path
+from .codegen import _I, _lit, _load, _ranks, out_offsets
+from .signatures import TP_DBWD_ROW, TP_DBWD_X1_CSR
+
+__all__ = ["generate_double_backward_source"]
+
+# Register names in the generated code: a/b: x1/x2 components, c/d: gg1/gg2 components,
+# w/q: weights and their cotangent per path, go/gop: output cotangent (by block / by path).
+
+
+def _either(indent: str, flag1: str, flag2: str, both: list[str], only1: list[str], only2: list[str]) -> list[str]:
+    """Constexpr branches for a sum of two optional terms (the caller knows one is present)."""
+    i2 = indent + _I
+    return (
+        [f"{indent}if {flag1} and {flag2}:"]
+        + [i2 + s for s in both]
+        + [f"{indent}elif {flag1}:"]
+        + [i2 + s for s in only1]
+        + [f"{indent}else:"]
+        + [i2 + s for s in only2]
+    )
+
+
+def _combine(indent: str, out: str, n: int, flag1: str, w1: str, v1: str, flag2: str, w2: str, v2: str) -> list[str]:
+    """``out{i} = w1 * v1{i} + w2 * v2{i}`` for ``i < n``, each term only with its flag."""
+    both = [f"{out}{i} = {w1} * {v1}{i} + {w2} * {v2}{i}" for i in range(n)]
+    only1 = [f"{out}{i} = {w1} * {v1}{i}" for i in range(n)]
+    only2 = [f"{out}{i} = {w2} * {v2}{i}" for i in range(n)]
+    return _either(indent, flag1, flag2, both, only1, only2)
+
+
+def _comps(ranks) -> list[tuple[int, int]]:
+    return [(l, i) for l in ranks for i in range(2 * l + 1)]
+
+
+def _zeros(indent: str, prefix: str, ranks) -> list[str]:
+    return [f"{indent}{prefix}{l}_{i} = tl.zeros([BLOCK_F], dtype=DT)" for l, i in _comps(ranks)]
+
+
+def _store_input_grad(indent: str, ptr: str, prefix: str, ranks, l_max: int, red: str) -> list[str]:
+    """Store every component ``0..(l_max+1)^2`` of an input gradient (zeros for ranks without
+    paths): per channel, or with ``red`` set the channel-block sum in column block ``pf``."""
+    n = (l_max + 1) ** 2
+    values = [(l * l + i, f"{prefix}{l}_{i}" if l in ranks else "tl.zeros([BLOCK_F], dtype=DT)") for l, i in _comps(range(l_max + 1))]
+    L = [f"{indent}if {red}:"]
+    L += [f"{indent}{_I}tl.store({ptr} + pf * {n} + {k}, tl.sum({v}, axis=0))" for k, v in values]
+    L += [f"{indent}else:"]
+    L += [f"{indent}{_I}tl.store({ptr} + {k} * F + f, {v}, mask=fm)" for k, v in values]
+    return L
+
+
+def _load_rank_rows(indent: str, paths, attr: str, name: str, ptr: str, width: str, fvec: str) -> list[str]:
+    return [indent + _load(f"{name}{l}_{i}", ptr, f"{l * l + i} * {width}", fvec) for l, i in _comps(_ranks(paths, attr))]
+
+
+def _load_paths(indent: str, paths, name: str, ptr: str) -> list[str]:
+    return [indent + _load(f"{name}{pi}", ptr, f"{pi} * F", "f") for pi in range(len(paths))]
+
+
+def _alias_go(indent: str, paths, offsets) -> list[str]:
+    return [f"{indent}gop{pi}_{c} = go{offsets[(pi, c)]}" for pi, p in enumerate(paths) for c in range(2 * p.l_out + 1)]
+
+
+def _bilinear(indent: str, table, u: str, v: str, out: str) -> list[str]:
+    return [indent + s for s in bilinear_lines(table, u, v, out, _lit)]
+
+
+def _u_side(indent: str, pi: int, p: Path) -> list[str]:
+    """``u = w_p gg1 + ggw_p x1`` (input-1 side of ``d go`` and ``d x2``)."""
+    return _combine(indent, f"u{pi}_", 2 * p.l1 + 1, "HAS_GG1", f"w{pi}", f"c{p.l1}_", "HAS_GGW", f"q{pi}", f"a{p.l1}_")
+
+
+def _m_side(indent: str, pi: int, p: Path) -> list[str]:
+    """``m = w_p gg2 + ggw_p x2`` (input-2 side of ``d x1``)."""
+    return _combine(indent, f"m{pi}_", 2 * p.l2 + 1, "HAS_GG2", f"w{pi}", f"d{p.l2}_", "HAS_GGW", f"q{pi}", f"b{p.l2}_")
+
+
+def _d_go(indent: str, paths, offsets) -> list[str]:
+    I2 = indent + _I
+    L = []
+    for pi, p in enumerate(paths):
+        table, n_out = product_table(p.l1, p.l2, p.l_out), 2 * p.l_out + 1
+        L.append(f"{indent}if HAS_GG1 or HAS_GGW:")
+        L += _u_side(I2, pi, p)
+        L += _bilinear(I2, table, f"u{pi}_", f"b{p.l2}_", f"s{pi}_")
+        L += [f"{I2}acc{offsets[(pi, c)]} += s{pi}_{c}" for c in range(n_out)]
+        L.append(f"{indent}if HAS_GG2:")
+        L += _bilinear(I2, table, f"a{p.l1}_", f"d{p.l2}_", f"r{pi}_")
+        L += [f"{I2}acc{offsets[(pi, c)]} += w{pi} * r{pi}_{c}" for c in range(n_out)]
+    return L
+
+
+def _d_x2(indent: str, paths, in2_l_max: int) -> list[str]:
+    ranks = _ranks(paths, "l2")
+    L = _zeros(indent, "h", ranks)
+    for pi, p in enumerate(paths):
+        L += _u_side(indent, pi, p)
+        L += _bilinear(indent, product_vjp_b_table(p.l1, p.l2, p.l_out), f"gop{pi}_", f"u{pi}_", f"y{pi}_")
+        L += [f"{indent}h{p.l2}_{j} += y{pi}_{j}" for j in range(2 * p.l2 + 1)]
+    L.append(f"{indent}pdx2 = dx2_ptr + e64 * dx2_row")
+    return L + _store_input_grad(indent, "pdx2", "h", ranks, in2_l_max, "RED_X2")
+
+
+def _d_w(indent: str, paths) -> list[str]:
+    I2 = indent + _I
+    L = []
+    for pi, p in enumerate(paths):
+        table, n_out = product_table(p.l1, p.l2, p.l_out), 2 * p.l_out + 1
+        L.append(f"{indent}if HAS_GG1:")
+        L += _bilinear(I2, table, f"c{p.l1}_", f"b{p.l2}_", f"z{pi}_")
+        L.append(f"{indent}if HAS_GG2:")
+        L += _bilinear(I2, table, f"a{p.l1}_", f"d{p.l2}_", f"r{pi}_")
+        sz = " + ".join(f"gop{pi}_{c} * z{pi}_{c}" for c in range(n_out))
+        sr = " + ".join(f"gop{pi}_{c} * r{pi}_{c}" for c in range(n_out))
+        L += _either(indent, "HAS_GG1", "HAS_GG2", [f"dwp = {sz} + {sr}"], [f"dwp = {sz}"], [f"dwp = {sr}"])
+        L.append(f"{indent}if SHARED_W:")
+        L.append(f"{I2}dwa{pi} += dwp")
+        L.append(f"{indent}else:")
+        L.append(f"{I2}tl.store(dw_ptr + e64 * dw_row + {pi} * F + f, dwp, mask=fm)")
+    return L
+
+
+def _d_x1_terms(indent: str, paths) -> list[str]:
+    """Accumulate ``g += sum_p A_p(go, w_p gg2 + ggw_p x2)`` (``g`` zeroed by the caller)."""
+    L = []
+    for pi, p in enumerate(paths):
+        L += _m_side(indent, pi, p)
+        L += _bilinear(indent, product_vjp_a_table(p.l1, p.l2, p.l_out), f"gop{pi}_", f"m{pi}_", f"n{pi}_")
+        L += [f"{indent}g{p.l1}_{i} += n{pi}_{i}" for i in range(2 * p.l1 + 1)]
+    return L
+
+
+def _row_kernel(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
+    I, II, III = _I, _I * 2, _I * 3
+    n_paths = len(paths)
+    L = TP_DBWD_ROW.header(I)
+    L += [
+        f"{I}row = tl.cast(tl.program_id(0), tl.int64)",
+        f"{I}pf = tl.program_id(1)",
+        f"{I}f = pf * BLOCK_F + tl.arange(0, BLOCK_F)",
+        f"{I}fm = f < F",
+        f"{I}f1 = f * F1S",
+        f"{I}f2 = f * F2S",
+        f"{I}if CONV:",
+        f"{II}start = tl.load(rowptr_ptr + row)",
+        f"{II}end = tl.load(rowptr_ptr + row + 1)",
+        f"{I}else:",
+        f"{II}start = row",
+        f"{II}end = row + 1",
+        f"{I}if NEED_X1 or NEED_X2 or NEED_W:",
+        f"{II}pg = go_ptr + row * go_row",
+    ]
+    L += [II + _load(f"go{k}", "pg", f"{k} * F", "f") for k in range(n_out)]
+    L += _alias_go(II, paths, offsets)
+    L.append(f"{I}if NEED_GO:")
+    L += [f"{II}acc{k} = tl.zeros([BLOCK_F], dtype=DT)" for k in range(n_out)]
+    L.append(f"{I}if NEED_W and SHARED_W:")
+    L += [f"{II}dwa{pi} = tl.zeros([BLOCK_F], dtype=DT)" for pi in range(n_paths)]
+    L += [
+        f"{I}for e in range(start, end):",
+        f"{II}e64 = tl.cast(e, tl.int64)",
+        f"{II}if CONV:",
+        f"{III}src = tl.load(send_ptr + e64)",
+        f"{II}else:",
+        f"{III}src = e64",
+        f"{II}pa = x1_ptr + src * x1_row",
+        f"{II}pb = x2_ptr + e64 * x2_row",
+        f"{II}pw = w_ptr + e64 * w_row",
+    ]
+    # x1, x2 and w always exist; loads a configuration does not use are removed by the compiler
+    L += _load_rank_rows(II, paths, "l1", "a", "pa", "F1C", "f1")
+    L += _load_rank_rows(II, paths, "l2", "b", "pb", "F2C", "f2")
+    L += _load_paths(II, paths, "w", "pw")
+    L += [f"{II}if HAS_GG1:", f"{III}pc = gg1_ptr + src * x1_row"]
+    L += _load_rank_rows(III, paths, "l1", "c", "pc", "F1C", "f1")
+    L += [f"{II}if HAS_GG2:", f"{III}pd = gg2_ptr + e64 * x2_row"]
+    L += _load_rank_rows(III, paths, "l2", "d", "pd", "F2C", "f2")
+    L += [f"{II}if HAS_GGW:", f"{III}pq = ggw_ptr + e64 * w_row"]
+    L += _load_paths(III, paths, "q", "pq")
+    L.append(f"{II}if NEED_GO:")
+    L += _d_go(III, paths, offsets)
+    L.append(f"{II}if NEED_X2:")
+    L += _d_x2(III, paths, in2_l_max)
+    L.append(f"{II}if NEED_W:")
+    L += _d_w(III, paths)
+    L.append(f"{II}if NEED_X1:  # dense mode only (convolution: tp_dbwd_x1_csr)")
+    ranks1 = _ranks(paths, "l1")
+    L += _zeros(III, "g", ranks1)
+    L += _d_x1_terms(III, paths)
+    L.append(f"{III}pdx1 = dx1_ptr + src * dx1_row")
+    L += _store_input_grad(III, "pdx1", "g", ranks1, in1_l_max, "RED_X1")
+    L.append(f"{I}if NEED_GO:")
+    L.append(f"{II}pdgo = dgo_ptr + row * go_row")
+    L += [f"{II}tl.store(pdgo + {k} * F + f, acc{k}, mask=fm)" for k in range(n_out)]
+    L.append(f"{I}if NEED_W and SHARED_W:")
+    L += [f"{II}tl.store(dw_ptr + row * dw_row + {pi} * F + f, dwa{pi}, mask=fm)" for pi in range(n_paths)]
+    return L
+
+
+def _x1_csr_kernel(paths, offsets, n_out, in1_l_max) -> list[str]:
+    I, II, III = _I, _I * 2, _I * 3
+    L = TP_DBWD_X1_CSR.header(I)
+    L += [
+        f"{I}j = tl.cast(tl.program_id(0), tl.int64)",
+        f"{I}pf = tl.program_id(1)",
+        f"{I}f = pf * BLOCK_F + tl.arange(0, BLOCK_F)",
+        f"{I}fm = f < F",
+        f"{I}f2 = f * F2S",
+        f"{I}start = tl.load(srowptr_ptr + j)",
+        f"{I}end = tl.load(srowptr_ptr + j + 1)",
+    ]
+    ranks1 = _ranks(paths, "l1")
+    L += _zeros(I, "g", ranks1)
+    L += [
+        f"{I}for k in range(start, end):",
+        f"{II}e64 = tl.load(perm_ptr + tl.cast(k, tl.int64))",
+        f"{II}gi = tl.load(recv_ptr + e64)",
+        f"{II}pg = go_ptr + gi * go_row",
+        f"{II}pb = x2_ptr + e64 * x2_row",
+        f"{II}pw = w_ptr + e64 * w_row",
+    ]
+    L += [II + _load(f"go{k}", "pg", f"{k} * F", "f") for k in range(n_out)]
+    L += _alias_go(II, paths, offsets)
+    L += [f"{II}if HAS_GGW:"]
+    L += _load_rank_rows(III, paths, "l2", "b", "pb", "F2C", "f2")
+    L += [f"{III}pq = ggw_ptr + e64 * w_row"]
+    L += _load_paths(III, paths, "q", "pq")
+    L += [f"{II}if HAS_GG2:"]
+    L += _load_paths(III, paths, "w", "pw")
+    L += [f"{III}pd = gg2_ptr + e64 * x2_row"]
+    L += _load_rank_rows(III, paths, "l2", "d", "pd", "F2C", "f2")
+    L += _d_x1_terms(II, paths)
+    L.append(f"{I}pdx1 = dx1_ptr + j * dx1_row")
+    L += _store_input_grad(I, "pdx1", "g", ranks1, in1_l_max, "RED_X1")
+    return L
+
+
+def generate_double_backward_source(paths: list[Path], in1_l_max: int, in2_l_max: int, out_l_max: int, reduce: bool) -> str:
+    """Source of the fused double-backward Triton module for one tensor-product configuration."""
+    offsets, n_out = out_offsets(paths, out_l_max, reduce)
+    lines = [
+        '"""Generated by FlashCart: fused double backward of the Triton tensor product. Do not edit."""',
+        "import triton",
+        "import triton.language as tl",
+        f"N_OUT_BLOCKS = {n_out}",
+        "",
+    ]
+    lines += _row_kernel(paths, offsets, n_out, in1_l_max, in2_l_max) + [""]
+    lines += _x1_csr_kernel(paths, offsets, n_out, in1_l_max) + [""]
+    return "\n".join(lines) + "\n"

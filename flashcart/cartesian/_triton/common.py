@@ -1,0 +1,42 @@
+"""Host-side helpers shared by the Triton launchers (dtype map, channel blocks, shapes)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .source import ProductSpec, product_spec
+
+__all__ = ["DT", "block_f", "channels", "tp_shapes", "reduce_channels"]
+
+DT = {torch.float32: tl.float32, torch.float64: tl.float64, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+def block_f(F: int) -> tuple[int, int]:
+    """``(BLOCK_F, num_warps)`` for ``F`` channels: at most 64 channels per program."""
+    block = min(64, triton.next_power_of_2(F))
+    return block, max(1, block // 32)
+
+
+def channels(width: int, comps: int, what: str) -> int:
+    """Channels of a row of ``width`` elements holding ``comps`` components each."""
+    if width % comps:
+        raise ValueError(f"{what} width {width} is not a multiple of {comps}")
+    return width // comps
+
+
+def tp_shapes(key: str, x1: Tensor, x2: Tensor) -> tuple[ProductSpec, int, int, int]:
+    """``(spec, F1, F2, F)``: the configuration, channels of each input and output channels."""
+    spec = product_spec(key)
+    f1 = channels(x1.shape[1], spec.in1_comps, "x1")
+    f2 = channels(x2.shape[1], spec.in2_comps, "x2")
+    return spec, f1, f2, max(f1, f2)
+
+
+def reduce_channels(g: Tensor, comps: int, n_channels: int) -> Tensor:
+    """Sum per-channel gradients ``[rows, comps * F]`` of a broadcast (1-channel) input."""
+    if n_channels != 1:
+        return g
+    return g.view(g.shape[0], comps, -1).sum(-1)

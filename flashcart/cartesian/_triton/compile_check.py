@@ -1,0 +1,101 @@
+"""Compile the generated tensor-product kernels for an NVIDIA target without a GPU.
+
+The interpreter (``TRITON_INTERPRET=1``) runs the kernels as Python, so it does not check
+what Triton's compiler accepts (constexpr branches, loop-carried values) nor what the code
+costs in registers. This compiles each kernel with the configurations the launchers use
+through Triton's bundled ``ptxas`` and reports the cubin's resource usage (registers per
+thread, ``STACK``/``LOCAL`` bytes of spills)::
+
+    python -m flashcart.cartesian._triton.compile_check --key 2,3,2,0,0 --dtype fp32 --block-f 64
+
+Run it without ``TRITON_INTERPRET`` (the interpreter replaces ``@triton.jit``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+__all__ = ["resource_usage", "main"]
+
+_INDEX = {"rowptr_ptr", "send_ptr", "recv_ptr", "perm_ptr", "srowptr_ptr"}
+
+
+def _variants(dbwd_only: bool):
+    from .signatures import TP_BWD_EDGE, TP_BWD_X1_CSR, TP_DBWD_ROW, TP_DBWD_X1_CSR, TP_FWD
+
+    every = dict(HAS_GG1=True, HAS_GG2=True, HAS_GGW=True, NEED_GO=True, NEED_X2=True, NEED_W=True, RED_X2=True, SHARED_W=False)
+    out = []
+    if not dbwd_only:
+        out += [
+            ("product", TP_FWD, "tp_fwd conv", dict(CONV=True)),
+            ("product", TP_BWD_EDGE, "tp_bwd_edge conv g2+gw", dict(CONV=True, NEED_G1=False, NEED_G2=True, NEED_GW=True, REDUCE_G2=True)),
+            ("product", TP_BWD_X1_CSR, "tp_bwd_x1_csr", {}),
+        ]
+    out += [
+        ("dbwd", TP_DBWD_ROW, "tp_dbwd_row conv all", dict(CONV=True, NEED_X1=False, RED_X1=False, **every)),
+        (
+            "dbwd",
+            TP_DBWD_ROW,
+            "tp_dbwd_row conv d_go only",
+            dict(CONV=True, NEED_X1=False, RED_X1=False, **{**every, "NEED_X2": False, "NEED_W": False}),
+        ),
+        ("dbwd", TP_DBWD_ROW, "tp_dbwd_row conv d_x2+d_w", dict(CONV=True, NEED_X1=False, RED_X1=False, **{**every, "NEED_GO": False})),
+        ("dbwd", TP_DBWD_ROW, "tp_dbwd_row dense all", dict(CONV=False, NEED_X1=True, RED_X1=False, **every)),
+        ("dbwd", TP_DBWD_X1_CSR, "tp_dbwd_x1_csr", dict(HAS_GG2=True, HAS_GGW=True, RED_X1=False)),
+    ]
+    return out
+
+
+def resource_usage(key: str, dtype: str = "fp32", block_f: int = 64, dbwd_only: bool = False) -> dict[str, str]:
+    """``{kernel variant: cuobjdump resource-usage line}`` for sm_90 (H100/H200).
+
+    ``key``: product configuration ``"l1,l2,lout,symmetric,reduce"``; ``dtype``: ``fp32`` or
+    ``fp64``; ``block_f``: channels per program (``num_warps = block_f // 32``).
+    """
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise RuntimeError("compile_check needs TRITON_INTERPRET unset (the interpreter replaces @triton.jit)")
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from .source import double_backward_module, product_module
+
+    dts = {"fp32": tl.float32, "fp64": tl.float64}
+    if dtype not in dts:
+        raise ValueError(f"dtype must be one of {sorted(dts)}, got {dtype!r}")
+    modules = {"product": product_module(key), "dbwd": double_backward_module(key)}
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    report = {}
+    for which, sig, label, flags in _variants(dbwd_only):
+        signature = {a: ("*i64" if a in _INDEX else f"*{dtype}") if a.endswith("_ptr") else "i32" for a in sig.args}
+        signature |= {c: "constexpr" for c in sig.constexprs}
+        constexprs = {**flags, "BLOCK_F": block_f, "DT": dts[dtype]}
+        src = ASTSource(fn=getattr(modules[which], sig.name), signature=signature, constexprs=constexprs)
+        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=max(1, block_f // 32)))
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
+            fh.write(kernel.asm["cubin"])
+            fh.flush()
+            usage = subprocess.run([str(tool), "--dump-resource-usage", fh.name], capture_output=True, text=True, check=True).stdout
+        line = next(s for s in usage.splitlines() if "REG:" in s)
+        report[label] = " ".join(f for f in line.split() if f.split(":")[0] in ("REG", "STACK", "LOCAL"))
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--key", default="2,3,2,0,0", help="product configuration l1,l2,lout,symmetric,reduce")
+    parser.add_argument("--dtype", default="fp32", choices=["fp32", "fp64"])
+    parser.add_argument("--block-f", type=int, default=64)
+    parser.add_argument("--dbwd-only", action="store_true", help="only the fused double-backward kernels")
+    args = parser.parse_args(argv)
+    for label, usage in resource_usage(args.key, args.dtype, args.block_f, args.dbwd_only).items():
+        print(f"{label:32s} {usage}")
+
+
+if __name__ == "__main__":
+    main()

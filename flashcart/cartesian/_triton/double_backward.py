@@ -1,0 +1,194 @@
+"""Fused double backward of the Triton tensor product: the ``flashcart::tp_dbwd`` custom op.
+
+Given the backward ``(g1, g2, gw) = tp_bwd(go, x1, x2, w)`` and cotangents ``gg1, gg2, ggw``
+of its outputs (any of them absent), ``tp_dbwd`` returns the derivatives of
+``<gg1, g1> + <gg2, g2> + <ggw, gw>`` with respect to ``go, x1, x2, w`` in two launches
+(one in dense mode) of the generated kernels of ``codegen_double``, instead of up to ten
+``tp_fwd``/``tp_bwd`` launches with substituted operands.
+
+The op itself has no derivative: ``ops._tp_bwd_backward`` calls it only when the double
+backward is not recorded for a further derivative (grad mode off, or nothing requires
+grad); otherwise, and with ``FLASHCART_FUSED_DOUBLE_BACKWARD=0``, it composes the
+differentiable ``tp_fwd``/``tp_bwd`` ops.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+from torch import Tensor
+
+from .common import DT, block_f, tp_shapes
+from .signatures import TP_DBWD_ROW, TP_DBWD_X1_CSR
+from .source import double_backward_module
+
+__all__ = ["tp_dbwd", "fused_outputs"]
+
+
+def fused_outputs(has_gg1: bool, has_gg2: bool, has_ggw: bool, need: tuple[bool, bool, bool, bool]) -> tuple[bool, bool, bool, bool]:
+    """Which of ``(d go, d x1, d x2, d w)`` are computed: needed and with at least one term.
+
+    ``d go`` has a term per cotangent; ``d x1`` needs ``gg2`` or ``ggw``; ``d x2`` needs
+    ``gg1`` or ``ggw``; ``d w`` needs ``gg1`` or ``gg2``. The others are zero (``None``).
+    """
+    n_go, n_x1, n_x2, n_w = need
+    return (
+        n_go and (has_gg1 or has_gg2 or has_ggw),
+        n_x1 and (has_gg2 or has_ggw),
+        n_x2 and (has_gg1 or has_ggw),
+        n_w and (has_gg1 or has_gg2),
+    )
+
+
+def _check_like(t: Optional[Tensor], like: Tensor, what: str) -> None:
+    if t is not None and t.shape != like.shape:
+        raise ValueError(f"tp_dbwd: {what} has shape {tuple(t.shape)}, expected {tuple(like.shape)} (the shape of its operand)")
+
+
+@torch.library.custom_op("flashcart::tp_dbwd", mutates_args=())
+def tp_dbwd(
+    go: Tensor,
+    x1: Tensor,
+    x2: Tensor,
+    w: Tensor,
+    gg1: Optional[Tensor],
+    gg2: Optional[Tensor],
+    ggw: Optional[Tensor],
+    receivers: Optional[Tensor],
+    senders: Optional[Tensor],
+    rowptr: Optional[Tensor],
+    perm: Optional[Tensor],
+    srowptr: Optional[Tensor],
+    key: str,
+    need_go: bool,
+    need_x1: bool,
+    need_x2: bool,
+    need_w: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(d go, d x1, d x2, d w)``, each shaped like its operand, or empty where
+    :func:`fused_outputs` says it is not computed.
+
+    Shapes: ``go [rows_out, n_out_blocks * F]`` (rows_out: nodes in convolution mode, rows in
+    dense mode), ``x1 [nodes or rows, (l1+1)^2 * F1]``, ``x2 [edges or rows, (l2+1)^2 * F2]``,
+    ``w [edges or rows, n_paths * F]`` or shared ``[n_paths * F]``; ``gg1/gg2/ggw`` like
+    ``x1/x2/w``. Graph tensors as in ``tp_fwd`` (all ``None`` in dense mode).
+    """
+    spec, f1, f2, F = tp_shapes(key, x1, x2)
+    _check_like(gg1, x1, "gg1")
+    _check_like(gg2, x2, "gg2")
+    _check_like(ggw, w, "ggw")
+    has1, has2, hasw = gg1 is not None, gg2 is not None, ggw is not None
+    c_go, c_x1, c_x2, c_w = fused_outputs(has1, has2, hasw, (need_go, need_x1, need_x2, need_w))
+    conv = receivers is not None
+    go, x1, x2, w = go.contiguous(), x1.contiguous(), x2.contiguous(), w.contiguous()
+    gg1 = gg1.contiguous() if has1 else None
+    gg2 = gg2.contiguous() if has2 else None
+    ggw = ggw.contiguous() if hasw else None
+    dev, dt = x2.device, x2.dtype
+    shared = w.dim() == 1
+    block, warps = block_f(F)
+    n_blocks = triton.cdiv(F, block) if F else 0
+    red1, red2 = f1 == 1 and F > 1, f2 == 1 and F > 1
+    programs = x1.shape[0] if conv else x2.shape[0]
+    c1, c2 = spec.in1_comps, spec.in2_comps
+    empty = x2.new_empty(0)
+    d_go = torch.empty_like(go) if c_go else empty
+    d_x1 = torch.empty(x1.shape[0], c1 * (n_blocks if red1 else F), dtype=dt, device=dev) if c_x1 else empty
+    d_x2 = torch.empty(x2.shape[0], c2 * (n_blocks if red2 else F), dtype=dt, device=dev) if c_x2 else empty
+    d_w = torch.empty(programs if shared else x2.shape[0], spec.n_paths * F, dtype=dt, device=dev) if c_w else empty
+    unused = go  # any tensor: pointer arguments the kernel does not read (flag off)
+    row_x1 = c_x1 and not conv
+    if programs and F and (c_go or c_x2 or c_w or row_x1):
+        TP_DBWD_ROW.launch(
+            double_backward_module(key),
+            (programs, n_blocks),
+            num_warps=warps,
+            go_ptr=go,
+            x1_ptr=x1,
+            x2_ptr=x2,
+            w_ptr=w,
+            gg1_ptr=gg1 if has1 else unused,
+            gg2_ptr=gg2 if has2 else unused,
+            ggw_ptr=ggw if hasw else unused,
+            dgo_ptr=d_go if c_go else unused,
+            dx1_ptr=d_x1 if row_x1 else unused,
+            dx2_ptr=d_x2 if c_x2 else unused,
+            dw_ptr=d_w if c_w else unused,
+            rowptr_ptr=rowptr if conv else unused,
+            send_ptr=senders if conv else unused,
+            go_row=go.shape[1],
+            x1_row=x1.shape[1],
+            x2_row=x2.shape[1],
+            w_row=0 if shared else w.shape[1],
+            dx1_row=d_x1.shape[-1] if row_x1 else 0,
+            dx2_row=d_x2.shape[-1] if c_x2 else 0,
+            dw_row=d_w.shape[-1] if c_w else 0,
+            F1S=int(f1 != 1),
+            F2S=int(f2 != 1),
+            F1C=f1,
+            F2C=f2,
+            F=F,
+            CONV=conv,
+            HAS_GG1=has1,
+            HAS_GG2=has2,
+            HAS_GGW=hasw,
+            NEED_GO=c_go,
+            NEED_X1=row_x1,
+            NEED_X2=c_x2,
+            NEED_W=c_w,
+            RED_X1=red1,
+            RED_X2=red2,
+            SHARED_W=shared,
+            BLOCK_F=block,
+            DT=DT[dt],
+        )
+    elif F == 0 or programs == 0:
+        for t, c in ((d_go, c_go), (d_x1, row_x1), (d_x2, c_x2), (d_w, c_w)):
+            if c:
+                t.zero_()
+    if c_x1 and conv:
+        if x1.shape[0] and F:
+            TP_DBWD_X1_CSR.launch(
+                double_backward_module(key),
+                (x1.shape[0], n_blocks),
+                num_warps=warps,
+                go_ptr=go,
+                x2_ptr=x2,
+                w_ptr=w,
+                gg2_ptr=gg2 if has2 else unused,
+                ggw_ptr=ggw if hasw else unused,
+                dx1_ptr=d_x1,
+                srowptr_ptr=srowptr,
+                perm_ptr=perm,
+                recv_ptr=receivers,
+                go_row=go.shape[1],
+                x2_row=x2.shape[1],
+                w_row=0 if shared else w.shape[1],
+                dx1_row=d_x1.shape[1],
+                F2S=int(f2 != 1),
+                F2C=f2,
+                F=F,
+                HAS_GG2=has2,
+                HAS_GGW=hasw,
+                RED_X1=red1,
+                BLOCK_F=block,
+                DT=DT[dt],
+            )
+        else:
+            d_x1.zero_()
+    # broadcast inputs: per-channel-block partial sums -> one channel
+    if c_x1 and red1 and n_blocks > 1:
+        d_x1 = d_x1.view(x1.shape[0], n_blocks, c1).sum(1)
+    if c_x2 and red2 and n_blocks > 1:
+        d_x2 = d_x2.view(x2.shape[0], n_blocks, c2).sum(1)
+    if c_w and shared:
+        d_w = d_w.sum(0)
+    return d_go, d_x1, d_x2, d_w
+
+
+@tp_dbwd.register_fake
+def _(go, x1, x2, w, gg1, gg2, ggw, receivers, senders, rowptr, perm, srowptr, key, need_go, need_x1, need_x2, need_w):
+    flags = fused_outputs(gg1 is not None, gg2 is not None, ggw is not None, (need_go, need_x1, need_x2, need_w))
+    return tuple(t.new_empty(t.shape) if c else t.new_empty(0) for t, c in zip((go, x1, x2, w), flags))

@@ -1,0 +1,327 @@
+"""Fused double backward of the Triton tensor product (``flashcart::tp_dbwd``).
+
+It must equal the composed double backward (``tp_fwd``/``tp_bwd`` launches with substituted
+operands, ``FUSED_DOUBLE_BACKWARD`` off) and the generated PyTorch backend, for every pattern
+of present cotangents and needed results, in convolution and dense mode, with broadcast
+(one-channel) inputs and shared weights. On CPU the kernels run under TRITON_INTERPRET=1;
+the ``gpu`` tests repeat the parity on CUDA.
+"""
+
+import itertools
+import os
+
+import pytest
+import torch
+
+import flashcart.cartesian._triton.ops as ops
+from flashcart.cartesian import TensorProduct, edge_csr
+from flashcart.cartesian._backend import triton_available
+from flashcart.cartesian._triton import double_backward, signatures
+from flashcart.cartesian._triton.codegen_double import generate_double_backward_source
+from flashcart.cartesian._triton.source import product_key, product_spec
+from flashcart.testing import assert_close
+
+needs_triton = pytest.mark.skipif(
+    not triton_available() or not (os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()),
+    reason="Triton kernels need CUDA or TRITON_INTERPRET=1",
+)
+CPU = pytest.param("cpu", marks=pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter off"))
+F64 = torch.float64
+
+# name: l1, l2, lout, F1, F2, shared weights, reduce paths, convolution
+CASES = {
+    "conv-bcast-x2": (1, 2, 1, 2, 1, False, False, True),  # the model's interaction layout
+    "conv-bcast-x1-shared": (1, 1, 1, 1, 2, True, True, True),
+    "conv-two-blocks": (1, 1, 1, 65, 1, False, True, True),  # 65 channels: two channel blocks
+    "dense": (1, 1, 2, 2, 2, False, False, False),
+    "dense-bcast-x1-shared": (1, 1, 1, 1, 3, True, False, False),
+}
+
+
+@pytest.fixture
+def fused(monkeypatch):
+    """Set ``FUSED_DOUBLE_BACKWARD`` for one test; count the fused op's calls."""
+    calls = []
+    real = ops.tp_dbwd
+
+    def spy(*args):
+        calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(ops, "tp_dbwd", spy)
+
+    def set_mode(on: bool):
+        monkeypatch.setattr(ops, "FUSED_DOUBLE_BACKWARD", on)
+        return calls
+
+    return set_mode
+
+
+def _problem(case, device="cpu", n_nodes=3, n_edges=5, seed=0):
+    l1, l2, lo, f1, f2, shared, red, conv = case
+    g = torch.Generator().manual_seed(seed)
+    tp = TensorProduct(l1, l2, lo, f1, f2, shared_weights=shared, reduce_paths=red, backend="triton")
+    rows = n_edges if conv else n_nodes
+    graph = None
+    if conv:
+        receivers = torch.sort(torch.randint(0, n_nodes, (n_edges,), generator=g)).values
+        receivers[0] = 0
+        receivers[-1] = n_nodes - 2  # the last node receives nothing
+        receivers = torch.sort(receivers).values
+        senders = torch.randint(0, n_nodes, (n_edges,), generator=g)
+        senders[-1] = senders[0] = 0  # node 0 sends twice, some node may send nothing
+        graph = (receivers.to(device), senders.to(device))
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, dtype=F64).to(device)
+
+    x1 = rand(n_nodes, tp.in1_width)
+    x2 = rand(rows, tp.in2_width)
+    w = rand(*(() if shared else (rows,)), tp.weight_numel)
+    return tp, graph, (x1, x2, w), rand
+
+
+def _first_order(tp, graph, xs, go):
+    """``(g1, g2, gw)`` of ``<go, tp(x1, x2, w)>`` with their graph."""
+    out = tp(*xs, *(graph or ()))
+    return torch.autograd.grad(out, xs, go, create_graph=True)
+
+
+def _second_order(tp, graph, inputs, cots, present):
+    """Derivatives of ``sum_k <cot_k, g_k>`` over the present ``k`` w.r.t. ``go, x1, x2, w``."""
+    go, *xs = inputs
+    grads = _first_order(tp, graph, xs, go)
+    s = sum((grads[k] * cots[k]).sum() for k in range(3) if present[k])
+    return torch.autograd.grad(s, inputs, allow_unused=True, materialize_grads=True)
+
+
+def _leaves(tensors):
+    return [t.detach().clone().requires_grad_() for t in tensors]
+
+
+@needs_triton
+@pytest.mark.parametrize("name", list(CASES))
+def test_fused_equals_composed_and_torch_for_every_cotangent_pattern(name, fused):
+    case = CASES[name]
+    tp, graph, xs, rand = _problem(case)
+    ref = TensorProduct(*case[:5], shared_weights=case[5], reduce_paths=case[6], backend="torch")
+    go = rand(*tp(*xs, *(graph or ())).shape)
+    cots = [rand(*t.shape) for t in xs]
+    for present in itertools.product([False, True], repeat=3):
+        if not any(present):
+            continue
+        expected = _second_order(ref, graph, _leaves([go, *xs]), cots, present)
+        calls = fused(True)
+        n_before = len(calls)
+        got = _second_order(tp, graph, _leaves([go, *xs]), cots, present)
+        assert len(calls) == n_before + 1, "the fused double backward did not run"
+        fused(False)
+        composed = _second_order(tp, graph, _leaves([go, *xs]), cots, present)
+        for what, a, b, c in zip(("d go", "d x1", "d x2", "d w"), got, composed, expected):
+            assert_close(a, c, 1e-12, f"{name} {present} {what} fused vs torch")
+            assert_close(b, c, 1e-12, f"{name} {present} {what} composed vs torch")
+            assert_close(a, b, 1e-12, f"{name} {present} {what} fused vs composed")
+
+
+@needs_triton
+@pytest.mark.parametrize("name", ["conv-bcast-x2", "dense-bcast-x1-shared"])
+def test_every_need_pattern_gives_the_full_results_it_asks_for(name):
+    """The op computes exactly the needed results with a term; the rest are empty."""
+    case = CASES[name]
+    tp, graph, (x1, x2, w), rand = _problem(case)
+    key = product_key(*case[:3], False, case[6])
+    csr = (None,) * 5
+    if graph is not None:
+        csr = (*graph, *edge_csr(*graph, x1.shape[0]))
+    go = rand(*tp(x1, x2, w, *(graph or ())).shape)
+    gg = (rand(*x1.shape), rand(*x2.shape), rand(*w.shape))
+    full = ops.tp_dbwd(go, x1, x2, w, *gg, *csr, key, True, True, True, True)
+    assert [t.shape for t in full] == [go.shape, x1.shape, x2.shape, w.shape]
+    patterns = [(need, (True, True, True)) for need in itertools.product([False, True], repeat=4)]
+    patterns += [
+        ((True,) * 4, present) for present in [(True, False, False), (False, True, False), (False, False, True), (False, True, True)]
+    ]
+    for need, present in patterns:
+        ggs = [t if p else None for t, p in zip(gg, present)]
+        outs = ops.tp_dbwd(go, x1, x2, w, *ggs, *csr, key, *need)
+        flags = double_backward.fused_outputs(*present, need)
+        if present == (True, True, True):
+            assert flags == need
+        for k, (out, on) in enumerate(zip(outs, flags)):
+            if not on:
+                assert out.numel() == 0, (need, present, k)
+            elif present == (True, True, True):
+                assert torch.equal(out, full[k]), (need, k)
+            else:
+                assert out.shape == full[k].shape and torch.isfinite(out).all()
+    # a result without terms is not computed: d x1 needs gg2 or ggw, d x2 gg1 or ggw, d w gg1 or gg2
+    assert double_backward.fused_outputs(True, False, False, (True,) * 4) == (True, False, True, True)
+    assert double_backward.fused_outputs(False, True, False, (True,) * 4) == (True, True, False, True)
+    assert double_backward.fused_outputs(False, False, True, (True,) * 4) == (True, True, True, False)
+
+
+@needs_triton
+def test_gradgradcheck_through_the_fused_triton_path(fused):
+    calls = fused(True)
+    tp = TensorProduct(1, 2, 1, 2, 1, backend="triton")
+    _, graph, xs, _ = _problem((1, 2, 1, 2, 1, False, False, True))
+    xs = _leaves(xs)
+    fn = lambda a, b, c: tp(a, b, c, *graph)  # noqa: E731
+    assert torch.autograd.gradgradcheck(fn, xs, fast_mode=True)
+    assert calls, "gradgradcheck did not reach the fused double backward"
+
+
+@needs_triton
+def test_a_recorded_double_backward_is_composed_and_third_derivatives_agree(fused):
+    """With create_graph on the second derivative the composed (differentiable) path runs."""
+    case = CASES["conv-bcast-x2"]
+    tp, graph, xs, rand = _problem(case)
+    ref = TensorProduct(*case[:5], backend="torch")
+    go = rand(*ref(*xs, *graph).shape)
+    results = []
+    for m in (ref, tp):
+        calls = fused(True)
+        n = len(calls)
+        leaves = _leaves(xs)
+        g = _first_order(m, graph, leaves, go)
+        s = sum((t * t).sum() for t in g)
+        second = torch.autograd.grad(s, leaves, create_graph=True)
+        assert len(calls) == n  # never fused while recording
+        # (the third derivative differentiates the composed launches: their double backwards fuse)
+        third = torch.autograd.grad(sum((t**2).sum() for t in second), leaves)
+        results.append(third)
+    for a, b in zip(*results):
+        assert_close(b, a, 1e-12, "third derivative")
+
+
+def test_switch_reads_zero_or_one_and_names_a_bad_value(monkeypatch):
+    monkeypatch.setenv("FLASHCART_FUSED_DOUBLE_BACKWARD", "0")
+    assert ops._env_switch("FLASHCART_FUSED_DOUBLE_BACKWARD", True) is False
+    monkeypatch.setenv("FLASHCART_FUSED_DOUBLE_BACKWARD", "")
+    assert ops._env_switch("FLASHCART_FUSED_DOUBLE_BACKWARD", True) is True
+    monkeypatch.setenv("FLASHCART_FUSED_DOUBLE_BACKWARD", "yes")
+    with pytest.raises(ValueError, match="FLASHCART_FUSED_DOUBLE_BACKWARD must be 0 or 1, got 'yes'"):
+        ops._env_switch("FLASHCART_FUSED_DOUBLE_BACKWARD", True)
+
+
+def test_cotangent_of_the_wrong_shape_is_refused():
+    x1, x2, w = torch.zeros(3, 4), torch.zeros(5, 4), torch.zeros(5, 2)
+    with pytest.raises(ValueError, match=r"gg2 has shape \(5, 3\), expected \(5, 4\)"):
+        double_backward.tp_dbwd._init_fn(
+            torch.zeros(5, 6), x1, x2, w, None, torch.zeros(5, 3), None, *(None,) * 5, "1,1,1,0,0", True, True, True, True
+        )
+
+
+def test_generated_kernels_take_exactly_the_shared_argument_names():
+    import ast
+
+    s = product_spec("2,3,2,0,1")
+    source = generate_double_backward_source(s.paths, s.in1_l_max, s.in2_l_max, s.out_l_max, s.reduce)
+    kernels = {f.name: [a.arg for a in f.args.args] for f in ast.parse(source).body if isinstance(f, ast.FunctionDef)}
+    sigs = (signatures.TP_DBWD_ROW, signatures.TP_DBWD_X1_CSR)
+    assert sorted(kernels) == sorted(sig.name for sig in sigs)
+    for sig in sigs:
+        assert kernels[sig.name] == [*sig.args, *sig.constexprs], sig.name
+
+
+@pytest.mark.skipif(not triton_available(), reason="needs triton")
+def test_fused_kernels_compile_for_sm90():
+    """The interpreter does not check what Triton's compiler accepts (constexpr branches,
+    loop-carried values): compile the fused kernels for sm_90 with the bundled ptxas (no GPU
+    needed), in a process without TRITON_INTERPRET."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    args = ["--key", "1,2,1,0,0", "--dtype", "fp64", "--block-f", "32", "--dbwd-only"]
+    run = subprocess.run(
+        [sys.executable, "-m", "flashcart.cartesian._triton.compile_check", *args], env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.splitlines()
+    assert len(lines) == 5 and all("REG:" in line for line in lines), run.stdout
+
+
+# ---------------------------------------------------------------------------------------
+# the model: a force-training step's parameter gradients
+# ---------------------------------------------------------------------------------------
+
+
+@needs_triton
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter off")
+def test_training_step_parameter_gradients_unchanged(fused):
+    """create_graph forces + force loss: fused == composed == the generated PyTorch backend."""
+    from flashcart.model.potential import FlashCartPotential
+    from flashcart.model.predictor import Predictor
+    from flashcart.testing import TINY_MODEL
+
+    from ..model.conftest import as_batch, molecule
+
+    options = {**TINY_MODEL, "n_hidden_feats": 2, "n_interactions": 1, "correlation": 2}
+    torch.manual_seed(0)
+    model = FlashCartPotential(["H", "C", "O"], avg_neighbors=3.0, use_triton=False, **options).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    batch = as_batch(model, [molecule(0)])
+    products = [m for m in model.modules() if isinstance(m, TensorProduct) and m.in2_features == 1 and m.in1_features > 1]
+    assert products, "no convolution product in the model"
+
+    def step():
+        model.zero_grad()
+        out = Predictor(model)(batch, create_graph=True)
+        ((out["forces"] ** 2).sum() + out["energy"].sum()).backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    reference = step()
+    for m in products:
+        m.backend = "triton"
+    calls = fused(True)
+    got = step()
+    assert calls, "the fused double backward did not run in the training step"
+    fused(False)
+    composed = step()
+    for a, b, c in zip(got, composed, reference):
+        assert_close(a, c, 1e-11, "fused vs torch parameter gradient")
+        assert_close(a, b, 1e-12, "fused vs composed parameter gradient")
+
+
+# ---------------------------------------------------------------------------------------
+# GPU (run on the H200 with -m gpu)
+# ---------------------------------------------------------------------------------------
+
+GPU_CASES = {
+    "conv-f20": (2, 3, 2, 20, 1, False, False, True),
+    "conv-f64-reduce": (2, 3, 2, 64, 1, False, True, True),
+    "conv-f80-bcast-x1-shared": (2, 2, 2, 1, 80, True, False, True),
+    "dense-f16": (2, 2, 2, 16, 16, False, True, False),
+    "conv-l3": (3, 3, 3, 8, 8, False, False, True),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(GPU_CASES))
+def test_fused_double_backward_parity_on_gpu(name, fused):
+    """float64 on CUDA: forward/backward 1e-12 and fused double backward 1e-10 against the
+    generated PyTorch backend, and fused == composed."""
+    case = GPU_CASES[name]
+    tp, graph, xs, rand = _problem(case, "cuda", n_nodes=60, n_edges=700)
+    ref = TensorProduct(*case[:5], shared_weights=case[5], reduce_paths=case[6], backend="torch")
+    out_t, out_r = tp(*xs, *(graph or ())), ref(*xs, *(graph or ()))
+    assert_close(out_t, out_r, 1e-12, "forward")
+    go = rand(*out_r.shape)
+    for a, b in zip(_first_order(tp, graph, _leaves(xs), go), _first_order(ref, graph, _leaves(xs), go)):
+        assert_close(a, b, 1e-12, "backward")
+    cots = [rand(*t.shape) for t in xs]
+    for present in [(True, True, True), (True, False, True), (False, True, False)]:
+        expected = _second_order(ref, graph, _leaves([go, *xs]), cots, present)
+        calls = fused(True)
+        n = len(calls)
+        got = _second_order(tp, graph, _leaves([go, *xs]), cots, present)
+        assert len(calls) == n + 1
+        fused(False)
+        composed = _second_order(tp, graph, _leaves([go, *xs]), cots, present)
+        for what, a, b, c in zip(("d go", "d x1", "d x2", "d w"), got, composed, expected):
+            assert_close(a, c, 1e-10, f"{name} {present} {what} fused vs torch")
+            assert_close(a, b, 1e-10, f"{name} {present} {what} fused vs composed")
