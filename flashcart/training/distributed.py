@@ -99,6 +99,17 @@ class Context:
                 dist.broadcast(buf, src=0)
                 t.copy_(buf)
 
+    def earliest(self, index: torch.Tensor) -> int:
+        """The smallest non-negative value of the 0-d integer ``index`` over all ranks (-1 where
+        every rank has -1): for example the first step at which some rank saw a non-finite loss."""
+        if not self.distributed:
+            return int(index)
+        # -1 (none) maps to the smallest possible key, so MAX picks the earliest real index
+        key = torch.where(index >= 0, -index, torch.iinfo(torch.long).min).to(self._comm_device)
+        dist.all_reduce(key, op=dist.ReduceOp.MAX)
+        value = int(key)
+        return -1 if value == torch.iinfo(torch.long).min else -value
+
     def all_gather(self, obj: Any) -> list[Any]:
         """``[obj of rank 0, obj of rank 1, ...]`` on every rank (pickled)."""
         if not self.distributed:
@@ -182,8 +193,14 @@ def init_from_env(cfg: dict[str, Any]) -> Context:
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     else:
         device, backend = torch.device("cpu"), "gloo"
+    # Intra-op threads (unless OMP_NUM_THREADS says otherwise): the node's cores shared by its
+    # processes, and at most 4 per GPU process, whose host work (collation, launches) is serial;
+    # otherwise every process starts one thread per core and their idle threads compete with
+    # the launching threads of the others.
+    if "OMP_NUM_THREADS" not in os.environ:
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))  # no oversubscription
+        share = max(1, (os.cpu_count() or 1) // local_world)
+        torch.set_num_threads(share if kind != "cuda" else min(share, 4))
     if not dist.is_initialized():
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=_timeout())
     return Context(rank=rank, world_size=world, local_rank=local, device=device)

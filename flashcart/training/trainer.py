@@ -276,7 +276,11 @@ def _train(cfg: dict[str, Any], progress: bool, ctx: Context) -> Path:
         loader.set_epoch(epoch)
         t0 = time.perf_counter()
         model.train()
-        total, count, stats = 0.0, 0, []
+        # No host synchronisation per step: the loss sum and the first non-finite step stay on
+        # the device and are read once after the epoch (before anything is saved), so the host
+        # queues the next batch while the device still works on this one.
+        total, count, stats = torch.zeros((), dtype=torch.float64, device=device), 0, []
+        first_bad = torch.full((), -1, dtype=torch.long, device=device)
         # item counts of each step's global batch (all ranks), for the loss normalisation
         steps = loader.steps()  # this epoch's batches of every rank (also sets loader.dropped)
         counts = [distributed.step_counts([train_set[i] for b in step for i in b]) for step in steps] if ctx.distributed else []
@@ -291,11 +295,8 @@ def _train(cfg: dict[str, Any], progress: bool, ctx: Context) -> Path:
                 stats.append(step_stats)
             else:
                 loss = loss_value(cfg["train_loss"], pred, b)
-            if not torch.isfinite(loss):
-                raise TrainingError(
-                    f"non-finite training loss ({float(loss)}) at epoch {epoch + 1}, batch {k + 1}; "
-                    "lower lr, set grad_clip_norm, or check the data"
-                )
+            value = loss.detach()
+            first_bad = torch.where((first_bad < 0) & ~torch.isfinite(value), k, first_bad)
             for opt in opts:
                 opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -304,9 +305,17 @@ def _train(cfg: dict[str, Any], progress: bool, ctx: Context) -> Path:
             for opt in opts:
                 opt.step()
             ema.update(model)
-            total += float(loss.detach()) / ctx.world_size  # this rank's share (progress bar only)
+            total += value / ctx.world_size  # this rank's share (progress bar only)
             count += 1
-            bar.set_postfix(loss=f"{total / count:.4g}")
+            if progress and count % 10 == 1:  # the bar reads the loss (a synchronisation) every 10 steps
+                bar.set_postfix(loss=f"{float(total) / count:.4g}")
+        bad = ctx.earliest(first_bad)  # the same on every rank: all of them stop together
+        if bad >= 0:
+            raise TrainingError(
+                f"non-finite training loss at epoch {epoch + 1}, batch {bad + 1}; "
+                "lower lr, set grad_clip_norm, or check the data (nothing of this epoch was saved)"
+            )
+        total = float(total)
         row: dict[str, Any] = {
             "epoch": epoch + 1,
             "time": round(time.perf_counter() - t0, 3),

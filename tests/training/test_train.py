@@ -104,6 +104,28 @@ def test_resume_after_a_kill_mid_epoch_equals_uninterrupted_run(data, monkeypatc
     assert [r.split(",")[0] for r in rows[1:]] == ["1", "2", "3", "4"]
 
 
+def test_non_finite_loss_stops_the_epoch_naming_the_first_bad_batch(data, monkeypatch):
+    """The check runs on the device (no synchronisation per step) and is read after the epoch:
+    the error names the first bad batch and nothing of that epoch is written."""
+    out = data / "nan"
+    cfg = config(data, out, max_epochs=2)
+    real, calls = trainer_mod.loss_value, []
+
+    def nan_from_second_epoch_batch_2(loss, pred, batch):
+        calls.append(1)
+        value = real(loss, pred, batch)
+        n_batches = 3  # 8 structures, 3 per batch
+        return value * float("nan") if len(calls) >= n_batches + 2 else value
+
+    monkeypatch.setattr(trainer_mod, "loss_value", nan_from_second_epoch_batch_2)
+    with pytest.raises(trainer_mod.TrainingError, match=r"non-finite training loss at epoch 2, batch 2;"):
+        train(cfg, progress=False)
+    rows = (out / "metrics.csv").read_text().splitlines()
+    assert [r.split(",")[0] for r in rows[1:]] == ["1"]  # epoch 1 was logged, epoch 2 was not
+    best = load_checkpoint(out / "best").state_dict()  # epoch 1's weights, not epoch 2's
+    assert all(bool(torch.isfinite(v).all()) for v in best.values() if v.is_floating_point())
+
+
 def test_crash_during_checkpoint_save_keeps_previous_checkpoint(data, monkeypatch):
     model = trainer_mod.FlashCartPotential(["H", "C", "O"], **TINY_MODEL)
     save_checkpoint(model, data / "ckpt")
