@@ -2,22 +2,30 @@
 
 Diamond, a = 3.567 Å, 5x5x5 cubic cells (1000 atoms), r_max 6 Å (158k edges); hidden
 l_max 2 (senders), edge l_max 3 (one channel), output l_max 2, path-resolved; per-edge
-weights. For each feature count: forward, backward (all inputs) and double backward, in
-ms (median of CUDA-event timings after warm-up, float32, TF32 off), with the bytes each
-must move at least and the achieved fraction of the measured copy bandwidth.
+weights. For each feature count: forward, backward (all inputs) and double backward (all
+four results: output cotangent, both inputs and weights, as in force training), in ms
+(median of CUDA-event timings after warm-up, float32, TF32 off), with the bytes each must
+move at least and the achieved fraction of the measured copy bandwidth.
 
-    python benchmarks/kernels.py --features 20 64 128 [--json out.json]
+The Triton double backward is timed in each ``--dbwd`` mode: ``fused`` (the generated fused
+kernels, two launches, the default), ``split`` (fused, with the output cotangent's result
+in a receiver pass of its own: three launches, fewer registers) and ``composed`` (tp_fwd/
+tp_bwd launches with substituted operands, ``FLASHCART_FUSED_DOUBLE_BACKWARD=0``).
+
+    python benchmarks/kernels.py --features 20 64 128 [--dbwd fused split composed] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 
 import torch
 import triton.testing
 
 from flashcart.cartesian import DirectionExpansion, TensorProduct, edge_csr
+from flashcart.cartesian._triton import double_backward, ops
 from flashcart.data.neighbors import neighbor_list
 
 
@@ -55,10 +63,25 @@ def bench(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
+DBWD_MODES = {"fused": (True, False), "split": (True, True), "composed": (False, False)}
+
+
+@contextlib.contextmanager
+def dbwd_mode(mode: str):
+    """Select the Triton double backward (see the module docstring) inside the block."""
+    saved = ops.FUSED_DOUBLE_BACKWARD, double_backward.SPLIT_ROW_PASS
+    ops.FUSED_DOUBLE_BACKWARD, double_backward.SPLIT_ROW_PASS = DBWD_MODES[mode]
+    try:
+        yield
+    finally:
+        ops.FUSED_DOUBLE_BACKWARD, double_backward.SPLIT_ROW_PASS = saved
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--features", type=int, nargs="+", default=[20, 64, 128])
     parser.add_argument("--backends", nargs="+", default=["triton", "torch"])
+    parser.add_argument("--dbwd", nargs="+", default=list(DBWD_MODES), choices=list(DBWD_MODES), help="Triton double-backward modes")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -81,14 +104,17 @@ def main() -> None:
             try:
                 fwd = lambda: tp(x1, x2, w, rec, snd, csr)  # noqa: E731
                 out = fwd()
-                go = torch.randn_like(out)
+                go = torch.randn_like(out).requires_grad_()
                 grads = torch.autograd.grad(out, ins, go, create_graph=True)
                 vs = [torch.randn_like(g) for g in grads]
                 s = sum((g * v).sum() for g, v in zip(grads, vs))
                 with torch.no_grad():
                     t_f = bench(fwd)
                 t_b = bench(lambda: torch.autograd.grad(out, ins, go, retain_graph=True))
-                t_d = bench(lambda: torch.autograd.grad(s, ins, retain_graph=True))
+                t_d = {}
+                for mode in args.dbwd if backend == "triton" else ["fused"]:
+                    with dbwd_mode(mode):
+                        t_d[mode] = bench(lambda: torch.autograd.grad(s, [go, *ins], retain_graph=True))
             except torch.OutOfMemoryError:
                 print(f"F={F} {backend}: out of memory")
                 torch.cuda.empty_cache()
@@ -96,30 +122,34 @@ def main() -> None:
             el = 4
             in_bytes = (x1.numel() + x2.numel() + w.numel()) * el
             b_f = in_bytes + out.numel() * el
-            b_b = in_bytes + out.numel() * el + in_bytes  # read inputs and go, write the three grads
-            b_d = 2 * b_b  # inputs, go, three cotangents; four results
+            b_b = 2 * in_bytes + out.numel() * el  # read inputs and go, write the three grads
+            b_d = 2 * (in_bytes + out.numel() * el)  # read inputs, go, three cotangents; write four results
+            first = next(iter(t_d.values()))
             row = dict(
                 F=F,
                 backend=backend,
                 paths=tp.n_paths,
                 fwd_ms=t_f,
                 bwd_ms=t_b,
-                dbwd_ms=t_d,
+                dbwd_ms=first,
+                dbwd_modes_ms=t_d,
                 fwd_bytes=b_f,
                 bwd_bytes=b_b,
                 dbwd_bytes=b_d,
                 fwd_roofline=b_f / (t_f * 1e-3) / bw,
                 bwd_roofline=b_b / (t_b * 1e-3) / bw,
-                dbwd_roofline=b_d / (t_d * 1e-3) / bw,
+                dbwd_roofline=b_d / (first * 1e-3) / bw,
             )
             rows.append(row)
             del out, grads, s
             torch.cuda.empty_cache()
-    print(f"{'F':>4} {'backend':>7} {'fwd ms':>8} {'bwd ms':>8} {'dbwd ms':>8} {'fwd %bw':>8} {'bwd %bw':>8} {'dbwd %bw':>8}")
+    head = f"{'F':>4} {'backend':>7} {'fwd ms':>8} {'bwd ms':>8} {'dbwd ms':>8} {'fwd %bw':>8} {'bwd %bw':>8} {'dbwd %bw':>8}"
+    print(head + "  dbwd by mode (x fwd)")
     for r in rows:
+        modes = "  ".join(f"{m} {t:.3f} ({t / r['fwd_ms']:.1f}x)" for m, t in r["dbwd_modes_ms"].items())
         print(
             f"{r['F']:4d} {r['backend']:>7} {r['fwd_ms']:8.3f} {r['bwd_ms']:8.3f} {r['dbwd_ms']:8.3f} "
-            f"{100 * r['fwd_roofline']:7.1f}% {100 * r['bwd_roofline']:7.1f}% {100 * r['dbwd_roofline']:7.1f}%"
+            f"{100 * r['fwd_roofline']:7.1f}% {100 * r['bwd_roofline']:7.1f}% {100 * r['dbwd_roofline']:7.1f}%  {modes}"
         )
     if args.json:
         with open(args.json, "w") as fh:

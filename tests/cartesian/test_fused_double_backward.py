@@ -325,3 +325,49 @@ def test_fused_double_backward_parity_on_gpu(name, fused):
         for what, a, b, c in zip(("d go", "d x1", "d x2", "d w"), got, composed, expected):
             assert_close(a, c, 1e-10, f"{name} {present} {what} fused vs torch")
             assert_close(a, b, 1e-10, f"{name} {present} {what} fused vs composed")
+
+
+@needs_triton
+def test_results_the_backward_pass_does_not_reach_are_not_computed(fused):
+    """Need flags follow the engine: differentiating for w alone asks the fused op for d w only
+    (non-leaf inputs: the engine answers for their nodes), with unchanged values."""
+    calls = fused(True)
+    case = CASES["conv-bcast-x2"]
+    tp, graph, xs, rand = _problem(case)
+    go = rand(*tp(*xs, *graph).shape)
+    cots = [rand(*t.shape) for t in xs]
+    leaves = _leaves([go, *xs])
+    inputs = [t * 1.0 for t in leaves]  # nodes the engine can skip
+    grads = _first_order(tp, graph, inputs[1:], inputs[0])
+    s = sum((g * c).sum() for g, c in zip(grads, cots))
+    (d_w,) = torch.autograd.grad(s, [leaves[3]], retain_graph=True)
+    assert calls[-1][-4:] == (False, False, False, True)
+    full = torch.autograd.grad(s, leaves)
+    assert calls[-1][-4:] == (True, True, True, True)
+    assert torch.equal(d_w, full[3])
+
+
+@needs_triton
+@pytest.mark.parametrize("name", ["conv-bcast-x2", "conv-bcast-x1-shared"])
+def test_split_row_pass_gives_the_same_results(name, monkeypatch):
+    """SPLIT_ROW_PASS (d go in a receiver pass of its own) only changes the launches."""
+    case = CASES[name]
+    tp, graph, (x1, x2, w), rand = _problem(case)
+    key = product_key(*case[:3], False, case[6])
+    csr = (*graph, *edge_csr(*graph, x1.shape[0]))
+    go = rand(*tp(x1, x2, w, *graph).shape)
+    gg = (rand(*x1.shape), rand(*x2.shape), rand(*w.shape))
+    launches = []
+
+    class Spy:
+        def launch(self, *args, **kw):
+            launches.append((kw["NEED_GO"], kw["NEED_X2"], kw["NEED_W"]))
+            return signatures.TP_DBWD_ROW.launch(*args, **kw)
+
+    monkeypatch.setattr(double_backward, "TP_DBWD_ROW", Spy())
+    merged = ops.tp_dbwd(go, x1, x2, w, *gg, *csr, key, True, True, True, True)
+    monkeypatch.setattr(double_backward, "SPLIT_ROW_PASS", True)
+    split = ops.tp_dbwd(go, x1, x2, w, *gg, *csr, key, True, True, True, True)
+    assert launches == [(True, True, True), (True, False, False), (False, True, True)]
+    for a, b in zip(merged, split):
+        assert torch.equal(a, b)

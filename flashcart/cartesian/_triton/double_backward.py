@@ -24,7 +24,12 @@ from .common import DT, block_f, tp_shapes
 from .signatures import TP_DBWD_ROW, TP_DBWD_X1_CSR
 from .source import double_backward_module
 
-__all__ = ["tp_dbwd", "fused_outputs"]
+__all__ = ["tp_dbwd", "fused_outputs", "SPLIT_ROW_PASS"]
+
+# Convolution mode: False (default) evaluates d go, d x2 and d w in one receiver pass (each
+# edge operand read once, more registers per thread); True runs d go in a pass of its own
+# (benchmarks/kernels.py compares the two on the GPU).
+SPLIT_ROW_PASS = False
 
 
 def fused_outputs(has_gg1: bool, has_gg2: bool, has_ggw: bool, need: tuple[bool, bool, bool, bool]) -> tuple[bool, bool, bool, bool]:
@@ -101,49 +106,54 @@ def tp_dbwd(
     unused = go  # any tensor: pointer arguments the kernel does not read (flag off)
     row_x1 = c_x1 and not conv
     if programs and F and (c_go or c_x2 or c_w or row_x1):
-        TP_DBWD_ROW.launch(
-            double_backward_module(key),
-            (programs, n_blocks),
-            num_warps=warps,
-            go_ptr=go,
-            x1_ptr=x1,
-            x2_ptr=x2,
-            w_ptr=w,
-            gg1_ptr=gg1 if has1 else unused,
-            gg2_ptr=gg2 if has2 else unused,
-            ggw_ptr=ggw if hasw else unused,
-            dgo_ptr=d_go if c_go else unused,
-            dx1_ptr=d_x1 if row_x1 else unused,
-            dx2_ptr=d_x2 if c_x2 else unused,
-            dw_ptr=d_w if c_w else unused,
-            rowptr_ptr=rowptr if conv else unused,
-            send_ptr=senders if conv else unused,
-            go_row=go.shape[1],
-            x1_row=x1.shape[1],
-            x2_row=x2.shape[1],
-            w_row=0 if shared else w.shape[1],
-            dx1_row=d_x1.shape[-1] if row_x1 else 0,
-            dx2_row=d_x2.shape[-1] if c_x2 else 0,
-            dw_row=d_w.shape[-1] if c_w else 0,
-            F1S=int(f1 != 1),
-            F2S=int(f2 != 1),
-            F1C=f1,
-            F2C=f2,
-            F=F,
-            CONV=conv,
-            HAS_GG1=has1,
-            HAS_GG2=has2,
-            HAS_GGW=hasw,
-            NEED_GO=c_go,
-            NEED_X1=row_x1,
-            NEED_X2=c_x2,
-            NEED_W=c_w,
-            RED_X1=red1,
-            RED_X2=red2,
-            SHARED_W=shared,
-            BLOCK_F=block,
-            DT=DT[dt],
-        )
+        # one pass for all row results, or (SPLIT_ROW_PASS, convolution) d go in a pass of its
+        # own: fewer registers per pass, the edge operands read twice
+        split = SPLIT_ROW_PASS and conv and c_go and (c_x2 or c_w)
+        passes = [(True, False, False), (False, c_x2, c_w)] if split else [(c_go, c_x2, c_w)]
+        for n_go, n_x2, n_w in passes:
+            TP_DBWD_ROW.launch(
+                double_backward_module(key),
+                (programs, n_blocks),
+                num_warps=warps,
+                go_ptr=go,
+                x1_ptr=x1,
+                x2_ptr=x2,
+                w_ptr=w,
+                gg1_ptr=gg1 if has1 else unused,
+                gg2_ptr=gg2 if has2 else unused,
+                ggw_ptr=ggw if hasw else unused,
+                dgo_ptr=d_go if n_go else unused,
+                dx1_ptr=d_x1 if row_x1 else unused,
+                dx2_ptr=d_x2 if n_x2 else unused,
+                dw_ptr=d_w if n_w else unused,
+                rowptr_ptr=rowptr if conv else unused,
+                send_ptr=senders if conv else unused,
+                go_row=go.shape[1],
+                x1_row=x1.shape[1],
+                x2_row=x2.shape[1],
+                w_row=0 if shared else w.shape[1],
+                dx1_row=d_x1.shape[-1] if row_x1 else 0,
+                dx2_row=d_x2.shape[-1] if n_x2 else 0,
+                dw_row=d_w.shape[-1] if n_w else 0,
+                F1S=int(f1 != 1),
+                F2S=int(f2 != 1),
+                F1C=f1,
+                F2C=f2,
+                F=F,
+                CONV=conv,
+                HAS_GG1=has1,
+                HAS_GG2=has2,
+                HAS_GGW=hasw,
+                NEED_GO=n_go,
+                NEED_X1=row_x1,
+                NEED_X2=n_x2,
+                NEED_W=n_w,
+                RED_X1=red1,
+                RED_X2=red2,
+                SHARED_W=shared,
+                BLOCK_F=block,
+                DT=DT[dt],
+            )
     elif F == 0 or programs == 0:
         for t, c in ((d_go, c_go), (d_x1, row_x1), (d_x2, c_x2), (d_w, c_w)):
             if c:

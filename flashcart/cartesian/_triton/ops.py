@@ -231,9 +231,32 @@ def _tp_setup(ctx, inputs, output):
     ctx.save_for_backward(x1, x2, w, receivers, senders, rowptr, perm, srowptr)
 
 
+def _engine_needs(ctx, first: Tensor, n: int) -> list[bool]:
+    """``ctx.needs_input_grad[:n]`` narrowed to the inputs this backward pass reaches.
+
+    ``needs_input_grad`` says which inputs require grad when the graph was built; the engine
+    knows which of them lead to a requested result now: forces (``autograd.grad(E, pos)``)
+    never reach the parameters behind a first layer's node features, and a training step's
+    ``backward(inputs=parameters)`` never reaches the positions. Eager mode only; a node the
+    engine cannot answer for (a leaf under ``autograd.grad``) counts as needed.
+    """
+    need = list(ctx.needs_input_grad[:n])
+    if not _eager_ok(first):
+        return need
+    edges = ctx.next_functions  # one per tensor input; the first n inputs are tensors
+    for i in range(n):
+        if need[i]:
+            node = edges[i][0]
+            try:
+                need[i] = node is not None and torch._C._will_engine_execute_node(node)
+            except RuntimeError:
+                pass
+    return need
+
+
 def _tp_backward(ctx, go):
     x1, x2, w, receivers, senders, rowptr, perm, srowptr = ctx.saved_tensors
-    need = ctx.needs_input_grad
+    need = _engine_needs(ctx, go, 3)
     grads = [None] * 9
     if any(need[:3]):
         g1, g2, gw = tp_bwd(go, x1, x2, w, receivers, senders, rowptr, perm, srowptr, ctx.key, need[0], need[1], need[2])
@@ -284,7 +307,7 @@ def _tp_bwd_backward(ctx, gg1, gg2, ggw):
     gg1 = gg1 if n1 and _present(gg1) else None
     gg2 = gg2 if n2 and _present(gg2) else None
     ggw = ggw if nw and _present(ggw) else None
-    need = ctx.needs_input_grad
+    need = _engine_needs(ctx, go, 4)
     if FUSED_DOUBLE_BACKWARD and not _recorded(go, x1, x2, w, gg1, gg2, ggw):
         flags = fused_outputs(gg1 is not None, gg2 is not None, ggw is not None, tuple(need[:4]))
         outs = tp_dbwd(go, x1, x2, w, gg1, gg2, ggw, *graph, key, *need[:4])
