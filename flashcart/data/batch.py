@@ -70,6 +70,13 @@ class Batch:
                 changes[f.name] = v.to(device=device, dtype=dtype if v.is_floating_point() and dtype else None, non_blocking=True)
         return replace(self, **changes)
 
+    def pin_memory(self) -> "Batch":
+        """The batch in page-locked host memory, so ``to(cuda)`` copies without blocking the host
+        (``torch.utils.data.DataLoader(pin_memory=True)`` calls this)."""
+        return replace(
+            self, **{f.name: getattr(self, f.name).pin_memory() for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)}
+        )
+
 
 def collate(structures: list[Structure], z_to_type: torch.Tensor) -> Batch:
     """Concatenate structures into one :class:`Batch` (edges stay grouped by receiver)."""

@@ -55,6 +55,9 @@ class BatchLoader:
             ``drop_last``. Without ``equal_steps`` (evaluation) rank ``r`` takes batches
             ``r, r + world_size, ...``.
         n_workers: worker processes that collate batches (0: in this process).
+        pin_memory: give batches in page-locked memory (needs CUDA), so that copying them to
+            the GPU does not wait for the GPU's queued work: the next batch is collated and
+            sent while the GPU still computes the current step.
     """
 
     def __init__(
@@ -70,9 +73,12 @@ class BatchLoader:
         world_size: int = 1,
         equal_steps: bool = True,
         n_workers: int = 0,
+        pin_memory: bool = False,
     ):
         if not structures:
             raise ValueError("no structures to batch")
+        if pin_memory and not torch.cuda.is_available():
+            raise ValueError("pin_memory=True needs CUDA (page-locked memory is for copies to a GPU)")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
         if equal_steps and len(structures) < world_size:
@@ -80,6 +86,7 @@ class BatchLoader:
         self.structures, self.batch_size, self.z_to_type = structures, batch_size, z_to_type
         self.dynamic, self.shuffle, self.seed, self.drop_last = dynamic, shuffle, seed, drop_last
         self.rank, self.world_size, self.equal_steps, self.n_workers = rank, world_size, equal_steps, n_workers
+        self.pin_memory = pin_memory
         self.max_atoms, self.max_edges = budgets_for(structures, batch_size) if dynamic else (None, None)
         self.epoch, self.dropped = 0, 0
         self._workers = None
@@ -147,7 +154,8 @@ class BatchLoader:
     def __iter__(self) -> Iterator[Batch]:
         if self.n_workers == 0:
             for idx in self.index_batches():
-                yield collate([self.structures[i] for i in idx], self.z_to_type)
+                batch = collate([self.structures[i] for i in idx], self.z_to_type)
+                yield batch.pin_memory() if self.pin_memory else batch
             return
         if self._workers is None:
             self._workers = torch.utils.data.DataLoader(
@@ -156,6 +164,7 @@ class BatchLoader:
                 collate_fn=functools.partial(_collate, z_to_type=self.z_to_type),
                 num_workers=self.n_workers,
                 persistent_workers=True,
+                pin_memory=self.pin_memory,
             )
         yield from self._workers
 

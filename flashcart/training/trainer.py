@@ -240,6 +240,7 @@ def _train(cfg: dict[str, Any], progress: bool, ctx: Context) -> Path:
         rank=ctx.rank,
         world_size=ctx.world_size,
         n_workers=cfg["n_workers"],
+        pin_memory=device.type == "cuda",
     )
 
     def eval_loader(structures):  # this rank's share, in file order

@@ -140,3 +140,32 @@ def test_dynamic_batches_respect_budgets():
     assert loader.index_batches() != first
     loader.set_epoch(0)
     assert loader.index_batches() == first
+
+
+def _h_structures(n: int = 7):
+    rng = np.random.default_rng(2)
+    z_to_type = torch.full((119,), -1)
+    z_to_type[1] = 0
+    frames = [Atoms("H" * 4, positions=rng.normal(size=(4, 3)) * 1.5) for _ in range(n)]
+    return [structure_from_atoms(a, 3.0, require_labels=False) for a in frames], z_to_type
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_pin_memory_without_cuda_is_a_clear_error():
+    structures, z_to_type = _h_structures()
+    with pytest.raises(ValueError, match="pin_memory=True needs CUDA"):
+        BatchLoader(structures, 3, z_to_type, pin_memory=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("n_workers", [0, 1])
+def test_pinned_batches_equal_unpinned_ones(n_workers):
+    structures, z_to_type = _h_structures()
+    plain = list(BatchLoader(structures, 3, z_to_type, n_workers=n_workers))
+    pinned = list(BatchLoader(structures, 3, z_to_type, n_workers=n_workers, pin_memory=True))
+    assert len(plain) == len(pinned) == 3
+    for a, b in zip(plain, pinned):
+        assert b.positions.is_pinned() and b.receivers.is_pinned()
+        on_gpu = b.to("cuda")
+        assert torch.equal(on_gpu.positions.cpu(), a.positions) and torch.equal(on_gpu.receivers.cpu(), a.receivers)
