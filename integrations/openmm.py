@@ -56,9 +56,30 @@ class FlashCartForce:
         self.numbers = np.asarray(numbers, dtype=np.int64)
         self.periodic = bool(periodic)
         self.pbc = np.full(3, self.periodic)
+        self._positions_nm = np.empty((len(self.numbers), 3))  # filled by OpenMM every step
+
+    def __getstate__(self):  # pickled by XmlSerializer: the buffer is rebuilt
+        return {k: v for k, v in self.__dict__.items() if k != "_positions_nm"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._positions_nm = np.empty((len(self.numbers), 3))
+
+    def positions_nm(self, state: openmm.State) -> np.ndarray:
+        """The state's positions ``[N, 3]`` in nm, copied by OpenMM into a buffer reused every
+        step (a view: valid until the next call).
+
+        ``State.getPositions(asNumpy=True)`` does the same copy and then wraps the array in a
+        ``Quantity`` after an attribute lookup through ``dir()``, which costs more than the copy;
+        where the OpenMM build does not have the method it calls, the public one is used."""
+        try:
+            state._getVectorAsNumpy(openmm.State.Positions, self._positions_nm)
+        except AttributeError:
+            return _nm(state.getPositions(asNumpy=True))
+        return self._positions_nm
 
     def __call__(self, state: openmm.State) -> tuple[float, np.ndarray]:
-        positions = nm_to_angstrom(_nm(state.getPositions(asNumpy=True)))
+        positions = nm_to_angstrom(self.positions_nm(state))  # a new array: the evaluator may keep it
         cell = nm_to_angstrom(_nm(state.getPeriodicBoxVectors(asNumpy=True))) if self.periodic else None
         result = self.evaluator.evaluate(positions, self.numbers, cell, self.pbc)
         return ev_to_kj_per_mol(result.energy), ev_per_angstrom_to_kj_per_mol_nm(result.forces)

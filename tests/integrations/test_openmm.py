@@ -229,3 +229,54 @@ def test_system_with_the_force_survives_xml_serialization(model):
         ctx.setPositions(atoms.positions / ANGSTROM_PER_NM)
         energies.append(ctx.getState(getEnergy=True).getPotentialEnergy().value_in_unit(unit.kilojoule_per_mole))
     assert energies[0] == pytest.approx(energies[1], rel=1e-12)
+
+
+def test_callback_reads_positions_as_the_public_api_does_and_falls_back_to_it(model):
+    """The callback's fast positions read (OpenMM's copy into a reused buffer) equals
+    ``getPositions(asNumpy=True)`` (in nm), and a State without that method still works."""
+    from flashcart.integrations.openmm import FlashCartForce
+
+    atoms = water_box()
+    seen = []
+
+    class Recorder:
+        def evaluate(self, positions, numbers, cell=None, pbc=None, stress=False):
+            from flashcart.simulation import Evaluation
+
+            seen.append((positions.copy(), cell.copy()))
+            return Evaluation(energy=0.0, forces=np.zeros((len(numbers), 3)))
+
+    force = FlashCartForce(Recorder(), atoms.numbers, periodic=True)
+    public = []
+
+    def callback(state):
+        public.append(state.getPositions(asNumpy=True).value_in_unit(unit.nanometer).copy())
+
+        class Public:  # the same state without OpenMM's internal copy method
+            def __getattr__(self, name):
+                if name == "_getVectorAsNumpy":
+                    raise AttributeError(name)
+                return getattr(state, name)
+
+        force(state)
+        force(Public())
+        return 0.0, np.zeros((len(atoms), 3))
+
+    system = openmm.System()
+    for m in atoms.get_masses():
+        system.addParticle(m)
+    f = openmm.PythonForce(callback)
+    f.setUsesPeriodicBoundaryConditions(True)
+    system.addForce(f)
+    system.setDefaultPeriodicBoxVectors(*(atoms.cell.array / ANGSTROM_PER_NM))
+    integrator = openmm.VerletIntegrator(0.0005)
+    ctx = openmm.Context(system, integrator, openmm.Platform.getPlatformByName("Reference"))
+    ctx.setPositions(atoms.positions / ANGSTROM_PER_NM)
+    ctx.setVelocitiesToTemperature(300)
+    integrator.step(3)
+    assert len(seen) == 2 * len(public) >= 6
+    for k, expected in enumerate(public):
+        for positions, cell in seen[2 * k : 2 * k + 2]:
+            assert np.array_equal(positions, expected * ANGSTROM_PER_NM)
+            assert np.allclose(cell, atoms.cell.array, rtol=0, atol=1e-12)
+    assert not np.array_equal(public[0], public[-1])  # the atoms moved: each step was read afresh
