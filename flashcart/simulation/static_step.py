@@ -166,17 +166,22 @@ class StaticStep:
     def packed_size(self, stress: bool) -> int:
         return PACKED_HEADER + 3 * self.n + (9 if stress else 0)
 
-    def __call__(self, stress: bool) -> torch.Tensor:
-        """One step on the current contents of :attr:`positions`: the packed results
-        ``[energy, moved^2, pairs within r_max, forces (3N), stress (9, if asked)]`` (device).
-        Static shapes, no host synchronisation, no tensors from host data."""
+    def unwrapped(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """:attr:`positions` mapped next to the reference by whole lattice vectors (exact for
+        atoms that were not wrapped), and the largest squared displacement from the reference
+        (Å^2, 0-d)."""
         pos = self.positions
-        if self.periodic:  # whole lattice vectors; exact for atoms that were not wrapped
+        if self.periodic:
             wraps = torch.round((pos - self.reference) @ self.inv_cell) * self.periodic_mask
             pos = pos - wraps @ self.cell
         d = pos - self.reference
-        moved2 = (d * d).sum(dim=1).amax()
-        # compaction: pairs within r_max, in list order (still grouped by receiver), then padding
+        return pos, (d * d).sum(dim=1).amax()
+
+    def compact(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The list's pairs closer than ``r_max`` at ``pos`` (unwrapped), in list order (so still
+        grouped by receiver), then padding edges: ``receivers, senders [E]``, ``shifts [E, 3]``,
+        ``edge_batch [E]`` (``E = capacities.edges``) and the number of such pairs (0-d; more than
+        ``E`` means the ones beyond were dropped)."""
         c = self.capacities.edges
         within = pairs_within(pos, self.cell, self.pair_receivers, self.pair_senders, self.pair_shifts, self.r_max) & self.pair_valid
         rank = torch.cumsum(within, 0) - 1
@@ -185,13 +190,25 @@ class StaticStep:
         receivers = self.pad_receivers.scatter(0, target, self.pair_receivers)[:c]
         senders = self.pad_senders.scatter(0, target, self.pair_senders)[:c]
         shifts = torch.zeros(c + 1, 3, dtype=self.dtype, device=self.device).scatter(0, target[:, None].expand(-1, 3), self.pair_shifts)[:c]
-        real = self.slots < count
-        edge_batch = (~real).long()
+        edge_batch = (self.slots >= count).long()  # padding edges in the padding graph
+        return receivers, senders, shifts, edge_batch, count
+
+    def model_inputs(self, pos: torch.Tensor, stress: bool) -> tuple:
+        """The arguments of ``model_call`` for unwrapped positions ``pos``, and the pair count."""
+        receivers, senders, shifts, edge_batch, count = self.compact(pos)
         with torch.no_grad():
             self.padded_positions[: self.n].copy_(pos)
         x = self.padded_positions.detach().requires_grad_(True)
         strain = torch.zeros(2, 3, 3, dtype=self.dtype, device=self.device, requires_grad=True) if stress else None
-        energy, forces, s = self.model_call(x, strain, self.types, self.model_cell, shifts, receivers, senders, self.batch, edge_batch, 2)
+        return (x, strain, self.types, self.model_cell, shifts, receivers, senders, self.batch, edge_batch, 2), count
+
+    def __call__(self, stress: bool) -> torch.Tensor:
+        """One step on the current contents of :attr:`positions`: the packed results
+        ``[energy, moved^2, pairs within r_max, forces (3N), stress (9, if asked)]`` (device).
+        Static shapes, no host synchronisation, no tensors from host data."""
+        pos, moved2 = self.unwrapped()
+        inputs, count = self.model_inputs(pos, stress)
+        energy, forces, s = self.model_call(*inputs)
         parts = [energy[:1].detach(), moved2.reshape(1), count.to(self.dtype).reshape(1), forces[: self.n].detach().reshape(-1)]
         if stress:
             parts.append(s[0].detach().reshape(-1))
