@@ -13,6 +13,10 @@ in a receiver pass of its own: three launches, fewer registers) and ``composed``
 tp_bwd launches with substituted operands, ``FLASHCART_FUSED_DOUBLE_BACKWARD=0``).
 
     python benchmarks/kernels.py --features 20 64 128 [--dbwd fused split composed] [--json out.json]
+
+``--host-overhead`` measures instead, on the CPU, what the Python side of each call costs:
+the launchers run with the kernel launch replaced by a no-op (argument names still checked),
+on a small graph, best of 5 rounds of 200 calls (no GPU, no ``TRITON_INTERPRET`` needed).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
+import time
 
 import torch
 import triton.testing
@@ -77,13 +83,77 @@ def dbwd_mode(mode: str):
         ops.FUSED_DOUBLE_BACKWARD, double_backward.SPLIT_ROW_PASS = saved
 
 
+def host_overhead(features: int = 20, rounds: int = 5, calls: int = 200) -> dict[str, float]:
+    """Microseconds of host work per call (kernel launches stubbed) and launches per call."""
+    from flashcart.cartesian._triton import signatures
+
+    launches = [0]
+
+    def stub(self, module, grid, num_warps=None, **values):
+        if values.keys() != self._names:
+            raise TypeError(f"kernel {self.name}: wrong argument names")
+        launches[0] += 1
+
+    real = signatures.KernelSignature.launch
+    signatures.KernelSignature.launch = stub
+    os_env = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"  # lets backend="triton" take CPU tensors; nothing is interpreted
+    try:
+        g = torch.Generator().manual_seed(0)
+        n, e = 10, 20
+        tp = TensorProduct(2, 3, 2, features, 1, backend="triton")
+        rec = torch.sort(torch.randint(0, n, (e,), generator=g)).values
+        snd = torch.randint(0, n, (e,), generator=g)
+        csr = edge_csr(rec, snd, n)
+        x1 = torch.randn(n, tp.in1_width, generator=g).requires_grad_()
+        x2 = torch.randn(e, tp.in2_width, generator=g).requires_grad_()
+        w = torch.randn(e, tp.weight_numel, generator=g).requires_grad_()
+        ins = [x1, x2, w]
+        out = tp(x1, x2, w, rec, snd, csr)
+        go = torch.randn(out.shape, generator=g).requires_grad_()
+        grads = torch.autograd.grad(out, ins, go, create_graph=True)
+        s = sum((t * torch.randn(t.shape, generator=g)).sum() for t in grads)
+
+        def per_call(fn):
+            for _ in range(20):
+                fn()
+            best = float("inf")
+            for _ in range(rounds):
+                launches[0] = 0
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+            return best, launches[0] / calls
+
+        result = {}
+        with torch.no_grad():
+            result["fwd"] = per_call(lambda: tp(x1, x2, w, rec, snd, csr))
+        result["bwd"] = per_call(lambda: torch.autograd.grad(out, ins, go, retain_graph=True))
+        for mode in DBWD_MODES:
+            with dbwd_mode(mode):
+                result[f"dbwd {mode}"] = per_call(lambda: torch.autograd.grad(s, [go, *ins], retain_graph=True))
+        return result
+    finally:
+        signatures.KernelSignature.launch = real
+        if os_env is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = os_env
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--features", type=int, nargs="+", default=[20, 64, 128])
     parser.add_argument("--backends", nargs="+", default=["triton", "torch"])
     parser.add_argument("--dbwd", nargs="+", default=list(DBWD_MODES), choices=list(DBWD_MODES), help="Triton double-backward modes")
+    parser.add_argument("--host-overhead", action="store_true", help="host cost per call on the CPU, launches stubbed")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    if args.host_overhead:
+        for what, (us, n_launch) in host_overhead(args.features[0]).items():
+            print(f"{what:14s} {us:8.1f} us/call  {n_launch:.0f} launches")
+        return
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     dev = "cuda"

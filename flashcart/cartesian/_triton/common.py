@@ -3,20 +3,31 @@
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 from torch import Tensor
 
 from .source import ProductSpec, product_spec
 
-__all__ = ["DT", "block_f", "channels", "tp_shapes", "reduce_channels"]
+__all__ = ["DT", "block_f", "cdiv", "next_pow2", "channels", "tp_shapes", "reduce_channels"]
 
 DT = {torch.float32: tl.float32, torch.float64: tl.float64, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
+# Plain integer helpers: triton.cdiv / triton.next_power_of_2 are constexpr functions whose
+# calls from the host cost microseconds each, paid on every launch.
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for non-negative ``a`` and positive ``b``."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two ``>= n`` (1 for ``n <= 1``)."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
 def block_f(F: int) -> tuple[int, int]:
     """``(BLOCK_F, num_warps)`` for ``F`` channels: at most 64 channels per program."""
-    block = min(64, triton.next_power_of_2(F))
+    block = min(64, next_pow2(F))
     return block, max(1, block // 32)
 
 

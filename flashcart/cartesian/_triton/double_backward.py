@@ -17,10 +17,9 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import triton
 from torch import Tensor
 
-from .common import DT, block_f, tp_shapes
+from .common import DT, block_f, cdiv, tp_shapes
 from .signatures import TP_DBWD_ROW, TP_DBWD_X1_CSR
 from .source import double_backward_module
 
@@ -94,7 +93,7 @@ def tp_dbwd(
     dev, dt = x2.device, x2.dtype
     shared = w.dim() == 1
     block, warps = block_f(F)
-    n_blocks = triton.cdiv(F, block) if F else 0
+    n_blocks = cdiv(F, block) if F else 0
     red1, red2 = f1 == 1 and F > 1, f2 == 1 and F > 1
     programs = x1.shape[0] if conv else x2.shape[0]
     c1, c2 = spec.in1_comps, spec.in2_comps

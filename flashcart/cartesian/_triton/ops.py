@@ -21,13 +21,14 @@ import os
 from typing import Optional
 
 import torch
-import triton
 from torch import Tensor
 
 from .._layout import edge_csr
 from .._linear_spec import BWD_W, BWD_X, FWD, N_COLS, linear_spec, n_tiles
 from .common import DT as _DT
 from .common import block_f as _block_f
+from .common import cdiv as _cdiv
+from .common import next_pow2 as _next_pow2
 from .common import reduce_channels as _reduce_channels
 from .common import tp_shapes as _tp_shapes
 from .double_backward import fused_outputs
@@ -85,7 +86,7 @@ def tp_fwd(
     unused = out  # any tensor: pointer arguments the kernel does not read (CONV off)
     TP_FWD.launch(
         product_module(key),
-        (rows, triton.cdiv(F, block)),
+        (rows, _cdiv(F, block)),
         num_warps=warps,
         x1_ptr=x1,
         x2_ptr=x2,
@@ -149,10 +150,10 @@ def tp_bwd(
     w_row = 0 if shared else w.shape[1]
     if rows and F and (need_x2 or need_w or (need_x1 and not conv)):
         unused = go  # any tensor: pointer arguments the kernel does not read (their NEED_*/CONV flag is off)
-        eblock = triton.next_power_of_2(F) if reduce_g2 else block
+        eblock = _next_pow2(F) if reduce_g2 else block
         TP_BWD_EDGE.launch(
             mod,
-            (rows, triton.cdiv(F, eblock)),
+            (rows, _cdiv(F, eblock)),
             num_warps=max(1, eblock // 32),
             go_ptr=go,
             x1_ptr=x1,
@@ -186,7 +187,7 @@ def tp_bwd(
     if need_x1 and conv and x1.shape[0] and F:
         TP_BWD_X1_CSR.launch(
             mod,
-            (x1.shape[0], triton.cdiv(F, block)),
+            (x1.shape[0], _cdiv(F, block)),
             num_warps=warps,
             go_ptr=go,
             x2_ptr=x2,
@@ -231,26 +232,27 @@ def _tp_setup(ctx, inputs, output):
     ctx.save_for_backward(x1, x2, w, receivers, senders, rowptr, perm, srowptr)
 
 
+_AccumulateGrad = torch._C._functions.AccumulateGrad
+
+
 def _engine_needs(ctx, first: Tensor, n: int) -> list[bool]:
     """``ctx.needs_input_grad[:n]`` narrowed to the inputs this backward pass reaches.
 
     ``needs_input_grad`` says which inputs require grad when the graph was built; the engine
     knows which of them lead to a requested result now: forces (``autograd.grad(E, pos)``)
     never reach the parameters behind a first layer's node features, and a training step's
-    ``backward(inputs=parameters)`` never reaches the positions. Eager mode only; a node the
-    engine cannot answer for (a leaf under ``autograd.grad``) counts as needed.
+    ``backward(inputs=parameters)`` never reaches the positions. Eager mode only; leaf inputs
+    count as needed (the engine cannot answer for them under ``autograd.grad``, and its error
+    would cost more than the question saves: a query costs well under a microsecond).
     """
     need = list(ctx.needs_input_grad[:n])
     if not _eager_ok(first):
         return need
     edges = ctx.next_functions  # one per tensor input; the first n inputs are tensors
     for i in range(n):
-        if need[i]:
-            node = edges[i][0]
-            try:
-                need[i] = node is not None and torch._C._will_engine_execute_node(node)
-            except RuntimeError:
-                pass
+        node = edges[i][0]
+        if need[i] and node is not None and not isinstance(node, _AccumulateGrad):
+            need[i] = torch._C._will_engine_execute_node(node)
     return need
 
 
@@ -365,7 +367,7 @@ _ROWS = 64
 
 
 def _rows_grid(n: int):
-    return (triton.cdiv(n, _ROWS),)
+    return (_cdiv(n, _ROWS),)
 
 
 @torch.library.custom_op("flashcart::expansion_fwd", mutates_args=())
@@ -643,16 +645,29 @@ def _eager_function(name: str, impl, setup, backward):
 
 
 def _eager_ok(first: Tensor) -> bool:
-    return type(first) is torch.Tensor and not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack() == 0
+    return (
+        type(first) is torch.Tensor
+        and not torch.compiler.is_compiling()
+        and torch._C._len_torch_dispatch_stack() == 0
+        and not torch._C._are_functorch_transforms_active()
+    )
+
+
+# ``Function.apply`` binds its arguments to ``forward``'s signature with ``inspect`` on every
+# call (for default arguments, which these forwards do not have): tens of microseconds per
+# launch in eager mode. Outside functorch transforms (``_eager_ok``) it then calls this C
+# entry point, which the dispatchers call directly.
+_C_APPLY = torch._C._FunctionBase.__dict__.get("apply")
 
 
 def _dispatching(name: str, op, setup, backward):
     """Dispatcher for custom op ``op``: its autograd Function in eager mode, the op otherwise."""
     fn = _eager_function(name, op._init_fn, setup, backward)
+    apply = fn.apply if _C_APPLY is None else _C_APPLY.__get__(None, fn)
 
     def call(*args):
         if _eager_ok(args[0]):
-            return fn.apply(*args)
+            return apply(*args)
         return op(*args)
 
     call.op = op

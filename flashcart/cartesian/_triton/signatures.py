@@ -9,6 +9,7 @@ argument order.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 __all__ = [
@@ -37,13 +38,17 @@ class KernelSignature:
         params = [f"{indent}{a}," for a in self.args] + [f"{indent}{c}: tl.constexpr," for c in self.constexprs]
         return ["@triton.jit", f"def {self.name}(", *params, "):"]
 
+    @cached_property
+    def _names(self) -> frozenset[str]:
+        return frozenset(self.args) | frozenset(self.constexprs)
+
     def launch(self, module: Any, grid: tuple, num_warps: int | None = None, **values: Any) -> None:
         """Run ``module.<name>[grid]`` with every argument passed by keyword.
 
         ``values`` must name exactly the kernel's arguments and constexprs (Triton's interpreter
         silently drops unknown keywords, so the check is done here).
         """
-        expected = set(self.args) | set(self.constexprs)
+        expected = self._names
         if values.keys() != expected:
             missing, unknown = sorted(expected - values.keys()), sorted(values.keys() - expected)
             raise TypeError(f"kernel {self.name}: missing arguments {missing}, unknown arguments {unknown}")
