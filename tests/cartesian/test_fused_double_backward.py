@@ -371,3 +371,50 @@ def test_split_row_pass_gives_the_same_results(name, monkeypatch):
     assert launches == [(True, True, True), (True, False, False), (False, True, True)]
     for a, b in zip(merged, split):
         assert torch.equal(a, b)
+
+
+@needs_triton
+@pytest.mark.parametrize("name", ["conv-bcast-x2", "dense-bcast-x1-shared"])
+def test_custom_op_schema_and_fake_implementation(name):
+    """torch.library.opcheck: schema, fake tensor shapes and dispatch of flashcart::tp_dbwd."""
+    case = CASES[name]
+    tp, graph, (x1, x2, w), rand = _problem(case)
+    key = product_key(*case[:3], False, case[6])
+    csr = (None,) * 5 if graph is None else (*graph, *edge_csr(*graph, x1.shape[0]))
+    go = rand(*tp(x1, x2, w, *(graph or ())).shape)
+    args = (go, x1, x2, w, None, rand(*x2.shape), rand(*w.shape), *csr, key, True, True, False, True)
+    torch.library.opcheck(ops.tp_dbwd.op, args, test_utils=("test_schema", "test_faketensor"))
+
+
+@needs_triton
+def test_compiled_force_training_uses_the_fused_custom_op(fused):
+    """torch.compile (aot_eager, autograd.grad traced): the loss backward's graph holds
+    flashcart::tp_dbwd (traced through the formula) and gives the eager gradients."""
+    import torch._dynamo.config as dynamo_config
+
+    calls = fused(True)
+    case = CASES["conv-bcast-x2"]
+    tp, graph, xs, _ = _problem(case)
+    csr = edge_csr(*graph, xs[0].shape[0])
+
+    def step(x1, x2, w):
+        out = tp(x1, x2, w, *graph, csr)
+        g = torch.autograd.grad((out**2).sum(), [x1, x2, w], create_graph=True)
+        return sum((t**2).sum() for t in g)
+
+    torch._dynamo.reset()
+    results = []
+    for compiled in (False, True):
+        leaves = _leaves(xs)
+        if compiled:
+            n = len(calls)
+            with dynamo_config.patch(trace_autograd_ops=True):
+                loss = torch.compile(step, backend="aot_eager", fullgraph=True)(*leaves)
+            assert len(calls) > n, "the compiled graph's backward was not traced through the fused op"
+        else:
+            loss = step(*leaves)
+        loss.backward()
+        results.append([t.grad for t in leaves])
+    torch._dynamo.reset()
+    for a, b in zip(*results):
+        assert_close(b, a, 1e-12, "compiled vs eager")
