@@ -9,7 +9,9 @@ themselves, so backward, double backward and beyond are all Triton launches, and
 Ops (namespace ``flashcart``):
 
 * ``tp_fwd(x1, x2, w, rowptr, senders, key)``; ``tp_bwd(go, x1, x2, w, receivers, senders,
-  srowptr, perm, key, need_x1, need_x2, need_w)``.
+  srowptr, perm, key, need_x1, need_x2, need_w)``; the tensor product's double backward is
+  ``tp_dbwd`` (``double_backward.py``: fused kernels, used when the double backward is not
+  itself differentiated) or a composition of ``tp_fwd``/``tp_bwd`` (differentiable again).
 * ``expansion_fwd(u, l_max)``, ``expansion_vjp(u, g, l_max)``, ``expansion_second(u, g, v, l_max)``.
 * ``lin_fwd(x, w, table, key)``, ``lin_bwd_x(gy, w, table, key)``, ``lin_bwd_w(gy, x, table, key)``
   (``table``: the layer's launch table, see ``flashcart.cartesian._linear_spec``).
