@@ -182,8 +182,8 @@ def main() -> None:
                     t_f = bench(fwd)
                 t_b = bench(lambda: torch.autograd.grad(out, ins, go, retain_graph=True))
                 t_d = {}
-                for mode in args.dbwd if backend == "triton" else ["fused"]:
-                    with dbwd_mode(mode):
+                for mode in args.dbwd if backend == "triton" else ["torch"]:
+                    with dbwd_mode(mode) if mode in DBWD_MODES else contextlib.nullcontext():
                         t_d[mode] = bench(lambda: torch.autograd.grad(s, [go, *ins], retain_graph=True))
             except torch.OutOfMemoryError:
                 print(f"F={F} {backend}: out of memory")
