@@ -26,6 +26,7 @@ import contextlib
 import json
 import os
 import time
+from pathlib import Path
 
 import torch
 import triton.testing
@@ -33,6 +34,7 @@ import triton.testing
 from flashcart.cartesian import DirectionExpansion, TensorProduct, edge_csr
 from flashcart.cartesian._triton import double_backward, ops
 from flashcart.data.neighbors import neighbor_list
+from flashcart.utils.io import atomic_write_text
 
 
 def diamond(device, dtype=torch.float32):
@@ -222,8 +224,7 @@ def main() -> None:
             f"{100 * r['fwd_roofline']:7.1f}% {100 * r['bwd_roofline']:7.1f}% {100 * r['dbwd_roofline']:7.1f}%  {modes}"
         )
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(dict(copy_bandwidth=bw, atoms=n, edges=E, rows=rows), fh, indent=1)
+        atomic_write_text(Path(args.json), json.dumps(dict(copy_bandwidth=bw, atoms=n, edges=E, rows=rows), indent=1))
 
 
 if __name__ == "__main__":
