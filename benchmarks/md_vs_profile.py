@@ -2,13 +2,19 @@
 
 For one structure: runs ``flashcart-profile`` (inference phase, one batch of that one
 structure), then velocity-Verlet MD through the ASE calculator and through the OpenMM force
-(``--engines``), and prints the per-call times, their ratios, steps/s and where the per-step
-overhead goes: the engine's evaluate call (positions up, displacement check, model, results
-down) against the bare Predictor call, neighbour-list rebuilds, and OpenMM's PythonForce round
-trip measured with a callback that returns zero forces.
+(``--engines``) for each engine step mode (``--step-mode``: ``dynamic`` = the Predictor on the
+``r_max + skin`` list, ``static`` = the static step compacting the list to ``r_max`` on the
+device, ``graph`` = that step captured as one CUDA graph, ``auto`` = the engine's choice), and
+prints the per-call times, their ratios, steps/s and where the per-step overhead goes: the
+engine's evaluate call against the bare model call on the engine's buffers, neighbour-list
+rebuilds, the adapters' own host work per step (ASE's velocity Verlet and OpenMM's PythonForce
+with the FlashCart adapter around an evaluator that returns cached results, next to a bare
+ASE calculator and a bare zero-force callback), and OpenMM's round trip with a zero-force
+callback.
 
-    python benchmarks/md_vs_profile.py --structure ethanol --device cpu --engines ase openmm
+    python benchmarks/md_vs_profile.py --structure ethanol --device cpu --engines ase openmm --step-mode dynamic static
     python benchmarks/md_vs_profile.py --structure water --device gpu --r-max 6 --compile-mode reduce-overhead \\
+        --step-mode dynamic graph --openmm-spin \\
         --model n_interactions=2 correlation=3 n_hidden_feats=20 l_max_hidden_feats=2 path_reduced_product=true
 """
 
@@ -35,7 +41,7 @@ from flashcart.integrations.ase import FlashCartCalculator
 from flashcart.model.potential import FlashCartPotential
 from flashcart.model.prefit import prefit
 from flashcart.profiling import profile, synchronize, time_per_call
-from flashcart.simulation import Engine
+from flashcart.simulation import Engine, Evaluation
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,9 +74,13 @@ def _per_call(fn, n: int, device: str, warmup: int = 3) -> float:
     return time_per_call(fn, n, "cuda" if device == "gpu" else "cpu", warmup)
 
 
-def ase_md(model, atoms: Atoms, args) -> tuple[float, Engine]:
+def make_engine(model, args, step: str) -> Engine:
+    return Engine(model, device=args.device, compile_mode=args.compile_mode, skin=args.skin, step=step)
+
+
+def ase_md(model, atoms: Atoms, args, step: str) -> tuple[float, Engine]:
     """s/step of ASE velocity Verlet (after 5 untimed steps) and the engine it ran on."""
-    engine = Engine(model, device=args.device, compile_mode=args.compile_mode, skin=args.skin)
+    engine = make_engine(model, args, step)
     atoms = atoms.copy()
     atoms.calc = FlashCartCalculator(engine)
     MaxwellBoltzmannDistribution(atoms, temperature_K=300, rng=np.random.default_rng(0))
@@ -83,7 +93,11 @@ def ase_md(model, atoms: Atoms, args) -> tuple[float, Engine]:
     return (time.perf_counter() - t0) / args.steps, engine
 
 
-def _openmm_context(atoms: Atoms, force, args):
+def _openmm_platform(args) -> str:
+    return args.openmm_platform or ("CUDA" if args.device == "gpu" else "CPU")
+
+
+def _openmm_context(atoms: Atoms, force, args, extra_properties: dict | None = None):
     import openmm
     from openmm import unit
 
@@ -95,8 +109,8 @@ def _openmm_context(atoms: Atoms, force, args):
     if periodic:
         system.setDefaultPeriodicBoxVectors(*[openmm.Vec3(*row) for row in atoms.cell.array / 10.0])
     integrator = openmm.VerletIntegrator(0.5 * unit.femtosecond)
-    platform = openmm.Platform.getPlatformByName(args.openmm_platform or ("CUDA" if args.device == "gpu" else "CPU"))
-    props = dict(kv.split("=", 1) for kv in args.openmm_property)
+    platform = openmm.Platform.getPlatformByName(_openmm_platform(args))
+    props = {**dict(kv.split("=", 1) for kv in args.openmm_property), **(extra_properties or {})}
     ctx = openmm.Context(system, integrator, platform, props)
     ctx.setPositions(atoms.positions / 10.0)
     ctx.setVelocitiesToTemperature(300 * unit.kelvin, 1)
@@ -114,36 +128,90 @@ def _openmm_steps(ctx, integrator, steps: int, device: str) -> float:
     return (time.perf_counter() - t0) / steps
 
 
-def openmm_md(model, atoms: Atoms, args) -> tuple[float, Engine]:
+def openmm_md(model, atoms: Atoms, args, step: str, extra_properties: dict | None = None) -> tuple[float, Engine]:
     """s/step of OpenMM's VerletIntegrator with the FlashCart PythonForce (after 5 untimed steps)."""
     from flashcart.integrations.openmm import create_force
 
     assert atoms.pbc.all() or not atoms.pbc.any()
-    engine = Engine(model, device=args.device, compile_mode=args.compile_mode, skin=args.skin)
-    ctx, integrator = _openmm_context(atoms, create_force(engine, atoms.numbers, periodic=bool(atoms.pbc.all())), args)
+    engine = make_engine(model, args, step)
+    ctx, integrator = _openmm_context(atoms, create_force(engine, atoms.numbers, periodic=bool(atoms.pbc.all())), args, extra_properties)
     return _openmm_steps(ctx, integrator, args.steps, args.device), engine
 
 
-def openmm_round_trip(atoms: Atoms, args) -> float:
-    """s/step of OpenMM with a PythonForce whose callback only reads the positions (and box)
-    and returns zero forces: the cost of the round trip itself."""
+def openmm_round_trip(atoms: Atoms, args, extra_properties: dict | None = None) -> float:
+    """s/step of OpenMM with a PythonForce whose callback returns zero forces without reading
+    anything: the cost of the round trip itself."""
     import openmm
 
-    from flashcart.integrations.openmm import _nm
-
     zeros = np.zeros((len(atoms), 3))
-    periodic = bool(atoms.pbc.all())
 
     def callback(state):
-        _nm(state.getPositions(asNumpy=True))
-        if periodic:
-            _nm(state.getPeriodicBoxVectors(asNumpy=True))
         return 0.0, zeros
 
     force = openmm.PythonForce(callback)
-    force.setUsesPeriodicBoundaryConditions(periodic)
-    ctx, integrator = _openmm_context(atoms, force, args)
+    force.setUsesPeriodicBoundaryConditions(bool(atoms.pbc.all()))
+    ctx, integrator = _openmm_context(atoms, force, args, extra_properties)
     return _openmm_steps(ctx, integrator, max(args.steps, 200), args.device)
+
+
+class CachedEvaluator:
+    """An evaluator that returns the same results every call: the adapters' own cost."""
+
+    neighbor_list_builds = 0
+
+    def __init__(self, n_atoms: int):
+        self.result = Evaluation(energy=0.0, forces=np.zeros((n_atoms, 3)))
+
+    def evaluate(self, positions, numbers, cell=None, pbc=None, stress=False) -> Evaluation:
+        return self.result
+
+
+def adapter_overhead(atoms: Atoms, args) -> dict[str, float]:
+    """Host seconds per MD step of the adapters around an evaluator that returns cached
+    results (zero forces, atoms drifting at 300 K): ASE velocity Verlet with the FlashCart
+    calculator and with a bare ASE calculator, OpenMM (on the CPU platform, so that only host
+    work is measured) with the FlashCart callback and with a bare zero-force callback."""
+    import openmm
+    from ase.calculators.calculator import Calculator, all_changes
+
+    from flashcart.integrations.openmm import FlashCartForce
+
+    n = len(atoms)
+
+    class Bare(Calculator):
+        implemented_properties = ["energy", "forces"]
+
+        def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
+            super().calculate(atoms, properties, system_changes)
+            self.results = {"energy": 0.0, "forces": np.zeros((n, 3))}
+
+    def ase_step(calc) -> float:
+        a = atoms.copy()
+        MaxwellBoltzmannDistribution(a, temperature_K=300, rng=np.random.default_rng(0))
+        a.calc = calc
+        dyn = VelocityVerlet(a, timestep=0.5 * units.fs)
+        dyn.run(5)
+        t0 = time.perf_counter()
+        dyn.run(args.steps)
+        return (time.perf_counter() - t0) / args.steps
+
+    host = argparse.Namespace(**{**vars(args), "device": "cpu", "openmm_platform": "CPU", "openmm_property": []})
+
+    def openmm_step(callback) -> float:
+        force = openmm.PythonForce(callback)
+        force.setUsesPeriodicBoundaryConditions(bool(atoms.pbc.all()))
+        ctx, integrator = _openmm_context(atoms, force, host)
+        return _openmm_steps(ctx, integrator, args.steps, "cpu")
+
+    zeros = np.zeros((n, 3))
+    return {
+        "ASE velocity Verlet + FlashCart calculator (cached)": ase_step(FlashCartCalculator(CachedEvaluator(n))),
+        "ASE velocity Verlet + bare calculator": ase_step(Bare()),
+        "OpenMM CPU step + FlashCart callback (cached)": openmm_step(
+            FlashCartForce(CachedEvaluator(n), atoms.numbers, bool(atoms.pbc.all()))
+        ),
+        "OpenMM CPU step + bare zero-force callback": openmm_step(lambda state: (0.0, zeros)),
+    }
 
 
 def breakdown(engine: Engine, atoms: Atoms, args) -> dict[str, float]:
@@ -154,8 +222,18 @@ def breakdown(engine: Engine, atoms: Atoms, args) -> dict[str, float]:
     pos = atoms.positions.copy()
     engine.evaluate(pos, atoms.numbers, cell, atoms.pbc)  # builds (or reuses) the list at pos
     out = {"evaluate (reused list)": _per_call(lambda: engine.evaluate(pos, atoms.numbers, cell, atoms.pbc), args.repeat, args.device)}
-    batch = engine._graph.batch
-    out["predictor call on the engine's batch"] = _per_call(lambda: engine.predictor(batch, forces=True), args.repeat, args.device)
+    if engine.step == "dynamic":
+        batch = engine._graph.batch
+        out["model call on the engine's buffers"] = _per_call(lambda: engine.predictor(batch, forces=True), args.repeat, args.device)
+    else:
+        step = engine._static
+        inputs, _ = step.model_inputs(step.unwrapped()[0], False)
+        call = engine._static_model_call()
+        out["model call on the engine's buffers"] = _per_call(lambda: call(*inputs), args.repeat, args.device)
+        out["static step on the device (eager)"] = _per_call(lambda: step(False), args.repeat, args.device)
+        if engine.step == "graph":
+            captured = engine._captured[False]
+            out["captured step (copy in, replay, copy out, sync)"] = _per_call(lambda: captured(pos), args.repeat, args.device)
     dev_pos = torch.as_tensor(pos, dtype=engine.dtype, device=engine.device)
     cell_t = torch.as_tensor(atoms.cell.array, dtype=engine.dtype, device=engine.device)
     pbc_t = torch.as_tensor(atoms.pbc)
@@ -169,6 +247,10 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     parser.add_argument("--compile-mode", default=None, help="torch.compile mode (default: eager)")
     parser.add_argument("--engines", nargs="+", default=["ase", "openmm"], choices=["ase", "openmm"])
+    parser.add_argument(
+        "--step-mode", nargs="+", default=["auto"], choices=["auto", "dynamic", "static", "graph"], help="engine step modes to compare"
+    )
+    parser.add_argument("--openmm-spin", action="store_true", help="also run OpenMM with UseBlockingSync=false (CUDA platform)")
     parser.add_argument("--openmm-platform", default=None, help="default: CUDA on --device gpu, else CPU")
     parser.add_argument("--openmm-property", nargs="*", default=[], help="OpenMM platform properties KEY=VALUE")
     parser.add_argument("--steps", type=int, default=50)
@@ -213,29 +295,44 @@ def main() -> None:
         print(line)
     print(f"structure={args.structure} atoms={len(atoms)} device={args.device} compile={args.compile_mode or 'eager'} skin={args.skin}")
     print(f"profiler inference: {prof:.6f} s/run")
-    engine, steps = None, {}
-    for name in args.engines:
-        step, engine = (ase_md if name == "ase" else openmm_md)(model, atoms, args)
-        steps[name] = step
-        label = "ASE MD step:   " if name == "ase" else "OpenMM MD step:"
-        print(
-            f"{label} {step:.6f} s/step = {1 / step:.0f} steps/s, {step / prof:.3f} x profiler "
-            f"({args.steps} steps, {engine.neighbor_list_builds} neighbour lists, {engine.early_rebuilds} of them early, "
-            f"{engine.stale_evaluations} stale evaluations)"
-        )
-    if engine is not None:
-        print("where a step goes (s per call):")
+    for mode in args.step_mode:
+        engine, steps = None, {}
+        runs = [(name, None) for name in args.engines]
+        if args.openmm_spin and "openmm" in args.engines and _openmm_platform(args) == "CUDA":
+            runs.append(("openmm", {"UseBlockingSync": "false"}))
+        for name, extra in runs:
+            if name == "ase":
+                step, engine = ase_md(model, atoms, args, mode)
+                label = "ASE MD step:"
+            else:
+                step, engine = openmm_md(model, atoms, args, mode, extra)
+                label = "OpenMM MD step" + (" (UseBlockingSync=false):" if extra else ":")
+            steps[label] = step
+            print(
+                f"[step={mode} -> {engine.step}] {label:<40} {step:.6f} s/step = {1 / step:.0f} steps/s, {step / prof:.3f} x profiler "
+                f"({args.steps} steps, {engine.neighbor_list_builds} neighbour lists, {engine.early_rebuilds} of them early, "
+                f"{engine.stale_evaluations} stale evaluations, {engine.capacity_overflows} capacity overflows, "
+                f"{engine.graph_captures} graph captures; the model saw {engine.model_edges} of {engine.n_edges} listed edges)"
+            )
+        if engine is None:
+            continue
+        print(f"where a step goes (s per call), step={engine.step}:")
         parts = breakdown(engine, atoms, args)
         for what, t in parts.items():
-            print(f"  {what:<45} {t:.6f}")
-        evaluate, bare = parts["evaluate (reused list)"], parts["predictor call on the engine's batch"]
-        print(f"  {'engine around the model (evaluate - predictor)':<45} {evaluate - bare:.6f}")
-        print(f"  {'padded predictor call - profiler s/run':<45} {bare - prof:.6f}")
-        if "openmm" in steps:
-            print(f"  {'OpenMM PythonForce round trip (zero forces)':<45} {openmm_round_trip(atoms, args):.6f}")
-            print(f"  {'OpenMM step - evaluate':<45} {steps['openmm'] - evaluate:.6f}")
-        if "ase" in steps:
-            print(f"  {'ASE step - evaluate':<45} {steps['ase'] - evaluate:.6f}")
+            print(f"  {what:<50} {t:.6f}")
+        evaluate, bare = parts["evaluate (reused list)"], parts["model call on the engine's buffers"]
+        print(f"  {'engine around the model (evaluate - model call)':<50} {evaluate - bare:.6f}")
+        print(f"  {'model call on the engine buffers - profiler s/run':<50} {bare - prof:.6f}")
+        for label, step in steps.items():
+            print(f"  {label[:-1] + ' - evaluate':<50} {step - evaluate:.6f}")
+    if "openmm" in args.engines:
+        print(f"  {'OpenMM PythonForce round trip (zero forces)':<50} {openmm_round_trip(atoms, args):.6f}")
+        if args.openmm_spin and _openmm_platform(args) == "CUDA":
+            spin = openmm_round_trip(atoms, args, {"UseBlockingSync": "false"})
+            print(f"  {'  the same with UseBlockingSync=false':<50} {spin:.6f}")
+    print("adapters' host work per MD step with an evaluator returning cached results (s):")
+    for what, t in adapter_overhead(atoms, args).items():
+        print(f"  {what:<50} {t:.6f}")
 
 
 if __name__ == "__main__":

@@ -36,9 +36,11 @@ It owns what a simulation needs around the model call:
     copied into the captured buffers; the graph is captured again only when a capacity grows
     (or the system changes). CUDA only; with a compile mode that replays CUDA graphs itself
     (``reduce-overhead``, ``max-autotune``) the model inside is compiled without them;
-  - ``"auto"`` (default): ``"graph"`` on CUDA with ``reduce-overhead``/``max-autotune``,
-    else ``"static"`` when the list is reused (``skin > 0``) and padding is not switched off,
-    else ``"dynamic"``.
+  - ``"auto"`` (default): when the list is reused (``skin > 0``) and padding is not switched
+    off, ``"graph"`` on CUDA with ``reduce-overhead``/``max-autotune``, ``"static"`` on CUDA
+    otherwise or wherever the model is padded anyway (``pad=True`` or compiled); else
+    ``"dynamic"`` (eager on the CPU, where padding a small molecule to the capacity multiples
+    would cost more than the compaction saves: ethanol padded to 128 atoms is slower).
 """
 
 from __future__ import annotations
@@ -173,10 +175,12 @@ class Engine:
             raise ValueError(f"step must be one of {list(STEP_MODES)}, got {step!r}")
         self.device = resolve_device(device)
         if step == "auto":
+            step = "dynamic"
             if skin > 0 and pad is not False:
-                step = "graph" if self.device.type == "cuda" and compile_mode in CUDA_GRAPH_MODES else "static"
-            else:
-                step = "dynamic"
+                if self.device.type == "cuda" and compile_mode in CUDA_GRAPH_MODES:
+                    step = "graph"
+                elif self.device.type == "cuda" or pad or compile_mode is not None:
+                    step = "static"
         if step in ("static", "graph") and pad is False:
             raise ValueError(f"step={step!r} pads to static capacities: it cannot run with pad=False")
         if step == "graph" and self.device.type != "cuda":

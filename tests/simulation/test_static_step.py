@@ -27,7 +27,9 @@ def _evaluate(engine, atoms, stress=False):
 
 
 def test_step_modes_resolve_and_bad_combinations_are_errors(model):
-    assert Engine(model, device="cpu", skin=0.5).step == "static"
+    assert Engine(model, device="cpu", skin=0.5).step == "dynamic"  # eager CPU: no padding
+    assert Engine(model, device="cpu", skin=0.5, pad=True).step == "static"
+    assert Engine(model, device="cpu", skin=0.5, compile_mode="default").step == "static"
     assert Engine(model, device="cpu", skin=0.0).step == "dynamic"
     assert Engine(model, device="cpu", skin=0.5, pad=False).step == "dynamic"
     with pytest.raises(ValueError, match="step must be one of"):
