@@ -123,3 +123,49 @@ def test_static_step_equals_dynamic_step_along_md_with_rebuilds_and_wrapping(mod
         assert np.abs(r.forces - atoms.get_forces()).max() < 1e-10
         wrapped += int((np.abs(atoms.get_scaled_positions(wrap=False) - reference) > 0.5).any())
     assert static.neighbor_list_builds >= 3 and atoms.calc.engine.neighbor_list_builds >= 3 and wrapped > 0
+
+
+class _EagerCapture:
+    """Stands in for CapturedStep on the CPU: the same host-in -> step -> host-out contract,
+    run eagerly, so the engine's graph-mode bookkeeping (captures, reuse, growth) is tested here."""
+
+    made = 0
+
+    def __init__(self, step, stress):
+        _EagerCapture.made += 1
+        self.step, self.stress = step, stress
+
+    def __call__(self, positions):
+        self.step.positions.copy_(torch.as_tensor(positions, dtype=self.step.dtype))
+        return self.step(self.stress).numpy()
+
+
+def test_graph_mode_bookkeeping_with_an_eager_stand_in_for_the_capture(model, monkeypatch):
+    import flashcart.simulation.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "CapturedStep", _EagerCapture)
+    atoms = water_box(n_side=2, tilt=False)
+    engine = Engine(model, device="cpu", dtype="float64", skin=1.0, headroom=0.0, pad_edge_multiple=1, step="static")
+    engine.step = "graph"  # the CUDA-only mode, with the capture replaced
+    rng = np.random.default_rng(0)
+    for k in range(4):
+        moved = atoms.copy()
+        moved.positions += rng.normal(scale=1e-3 * k, size=moved.positions.shape)  # no pair crosses r_max
+        r = _evaluate(engine, moved, stress=k == 3)
+        e, f, s = reference_evaluation(model, moved, k == 3)
+        assert abs(r.energy - e) < 1e-12 * max(1.0, abs(e)) and np.abs(r.forces - f).max() < 1e-12
+    assert np.abs(r.stress - s).max() < 1e-12
+    assert engine.graph_captures == 2 and engine.neighbor_list_builds == 1  # one per stress flag, list reused
+    count, denser = denser_by_one_move(atoms, model.r_max, 0.3)
+    r = _evaluate(engine, denser)
+    assert engine.capacity_overflows == 1 and engine.neighbor_list_builds == 2 and engine.graph_captures == 3  # grown: captured again
+    e, f, _ = reference_evaluation(model, denser)
+    assert abs(r.energy - e) < 1e-12 * max(1.0, abs(e)) and np.abs(r.forces - f).max() < 1e-12
+    r = _evaluate(engine, atoms)  # the atom back (0.3 Å < skin / 2): the list and the capture are reused
+    assert engine.neighbor_list_builds == 2 and engine.graph_captures == 3
+    assert abs(r.energy - reference_evaluation(model, atoms)[0]) < 1e-12 * max(1.0, abs(r.energy))
+    far = atoms.copy()
+    far.positions[0] += [0.6, 0.0, 0.0]  # beyond skin / 2: a new list into the same buffers, no new capture
+    r = _evaluate(engine, far)
+    assert engine.stale_evaluations + engine.early_rebuilds == 1 and engine.neighbor_list_builds == 3 and engine.graph_captures == 3
+    assert abs(r.energy - reference_evaluation(model, far)[0]) < 1e-12 * max(1.0, abs(r.energy))
