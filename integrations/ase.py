@@ -76,7 +76,7 @@ class FlashCartCalculator(Calculator):
         atomic numbers, cell, pbc), by exact comparison.
 
         ASE's default compares every per-atom array with ``numpy.isclose`` (``tol``), which cost
-        about 0.2 ms per MD step for 768 atoms (three comparisons per velocity-Verlet step), more
+        about 0.3 ms per MD step for 768 atoms (three comparisons per velocity-Verlet step), more
         than the rest of the calculator; an exact comparison can only see a change where ASE's
         would not (a recalculation, never a stale result). Magnetic moments and charges are not
         compared: the model does not use them."""
