@@ -62,6 +62,7 @@ class StepCapacities:
         h = 1.0 + headroom
 
         def grow(current: int, need: int, multiple: int) -> int:
+            need = max(need, 1)  # at least one slot: a structure without pairs still gets padding edges
             return current if need <= current else _round_up(max(need, int(math.ceil(h * need))), multiple)
 
         return StepCapacities(

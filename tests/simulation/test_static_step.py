@@ -169,3 +169,20 @@ def test_graph_mode_bookkeeping_with_an_eager_stand_in_for_the_capture(model, mo
     r = _evaluate(engine, far)
     assert engine.stale_evaluations + engine.early_rebuilds == 1 and engine.neighbor_list_builds == 3 and engine.graph_captures == 3
     assert abs(r.energy - reference_evaluation(model, far)[0]) < 1e-12 * max(1.0, abs(r.energy))
+
+
+def test_structures_without_pairs_within_the_cutoff(model):
+    """Isolated atoms (no pair in the list, or listed pairs all beyond r_max) evaluate to the
+    atoms' own energies, as the padded dynamic step with a fresh list says (the unpadded
+    reference cannot run a graph without edges)."""
+    from ase import Atoms
+
+    engine = Engine(model, device="cpu", dtype="float64", skin=0.5, step="static")
+    fresh = Engine(model, device="cpu", dtype="float64", skin=0.0, step="dynamic", pad=True)
+    shifts = dict(zip(model.elements, model.atomic_shifts.tolist()))
+    for atoms in (Atoms("O", positions=[[0.0, 0.0, 0.0]]), Atoms("OH", positions=[[0, 0, 0], [model.r_max + 0.2, 0, 0]])):
+        r, ref = _evaluate(engine, atoms), _evaluate(fresh, atoms)
+        assert abs(r.energy - ref.energy) < 1e-12 * max(1.0, abs(ref.energy)) and np.abs(r.forces).max() == 0.0
+        assert abs(r.energy - sum(shifts[s] for s in atoms.get_chemical_symbols())) > 1e-6  # not just the offsets
+        assert engine.model_edges == 0
+    assert engine.n_edges == 2  # the OH pair is listed (within r_max + skin) and compacted away
