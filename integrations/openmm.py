@@ -72,11 +72,22 @@ class FlashCartForce:
         ``State.getPositions(asNumpy=True)`` does the same copy and then wraps the array in a
         ``Quantity`` after an attribute lookup through ``dir()``, which costs more than the copy;
         where the OpenMM build does not have the method it calls, the public one is used."""
-        try:
-            state._getVectorAsNumpy(openmm.State.Positions, self._positions_nm)
-        except AttributeError:
-            return _nm(state.getPositions(asNumpy=True))
+        copy, count = getattr(state, "_getVectorAsNumpy", None), getattr(state, "_getNumParticles", None)
+        if copy is None or count is None:
+            return self._checked(_nm(state.getPositions(asNumpy=True)))
+        n = count()
+        if n != len(self.numbers):  # OpenMM's copy does not check the buffer's size
+            self._checked(np.empty((n, 3)))
+        copy(openmm.State.Positions, self._positions_nm)
         return self._positions_nm
+
+    def _checked(self, positions: np.ndarray) -> np.ndarray:
+        if positions.shape != (len(self.numbers), 3):
+            raise ValueError(
+                f"OpenMM passed {positions.shape[0]} particles to the FlashCart force, which was built for "
+                f"{len(self.numbers)} atomic numbers (give one number per particle, or per atom of `atoms`)"
+            )
+        return positions
 
     def __call__(self, state: openmm.State) -> tuple[float, np.ndarray]:
         positions = nm_to_angstrom(self.positions_nm(state))  # a new array: the evaluator may keep it

@@ -280,3 +280,15 @@ def test_callback_reads_positions_as_the_public_api_does_and_falls_back_to_it(mo
             assert np.array_equal(positions, expected * ANGSTROM_PER_NM)
             assert np.allclose(cell, atoms.cell.array, rtol=0, atol=1e-12)
     assert not np.array_equal(public[0], public[-1])  # the atoms moved: each step was read afresh
+
+
+def test_a_particle_count_that_does_not_match_the_numbers_is_a_clear_error(model):
+    atoms = water_cluster()
+    system = openmm.System()
+    for m in atoms.get_masses():
+        system.addParticle(m)
+    system.addForce(create_force(model, atoms.numbers[:-3], device="cpu", dtype="float64"))  # one molecule short
+    ctx = openmm.Context(system, openmm.VerletIntegrator(0.001), openmm.Platform.getPlatformByName("Reference"))
+    ctx.setPositions(atoms.positions / ANGSTROM_PER_NM)
+    with pytest.raises(Exception, match="OpenMM passed 9 particles to the FlashCart force, which was built for 6 atomic numbers"):
+        ctx.getState(getEnergy=True)
