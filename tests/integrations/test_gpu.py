@@ -45,13 +45,14 @@ def test_reduce_overhead_engine_reuses_detects_stale_lists_and_matches_eager(mod
     assert np.abs(b.forces - f_ref).max() < 1e-4 * max(1.0, np.abs(f_ref).max())
 
 
-def test_openmm_cuda_platform_matches_the_predictor(model):
+@pytest.mark.parametrize("step", ["dynamic", "static", "graph"])
+def test_openmm_cuda_platform_matches_the_predictor(model, step):
     openmm = pytest.importorskip("openmm")
     names = [openmm.Platform.getPlatform(i).getName() for i in range(openmm.Platform.getNumPlatforms())]
     if "CUDA" not in names:
         pytest.skip(f"no OpenMM CUDA platform (have {names})")
     for atoms in (water_cluster(), water_box()):
-        runner = OpenMMRunner(Engine(model, device="cuda", dtype="float64", skin=0.5), "CUDA")
+        runner = OpenMMRunner(Engine(model, device="cuda", dtype="float64", skin=0.5, step=step), "CUDA")
         e, f, _ = runner(atoms, False)
         e_ref, f_ref, _ = reference_evaluation(model, atoms)
         assert abs(e * EV_PER_KJ_PER_MOL - e_ref) < 1e-6 * max(1.0, abs(e_ref))
