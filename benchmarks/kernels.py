@@ -9,10 +9,12 @@ move at least and the achieved fraction of the measured copy bandwidth.
 
 The Triton double backward is timed in each ``--dbwd`` mode: ``fused`` (the generated fused
 kernels, two launches, the default), ``split`` (fused, with the output cotangent's result
-in a receiver pass of its own: three launches, fewer registers) and ``composed`` (tp_fwd/
-tp_bwd launches with substituted operands, ``FLASHCART_FUSED_DOUBLE_BACKWARD=0``).
+in a receiver pass of its own: three launches, fewer registers), ``grouped`` (fused, the
+receiver pass split by output rank over a grid axis: two launches, no register spills) and
+``composed`` (tp_fwd/tp_bwd launches with substituted operands,
+``FLASHCART_FUSED_DOUBLE_BACKWARD=0``).
 
-    python benchmarks/kernels.py --features 20 64 128 [--dbwd fused split composed] [--json out.json]
+    python benchmarks/kernels.py --features 20 64 128 [--dbwd fused split grouped composed] [--json out.json]
 
 ``--host-overhead`` measures instead, on the CPU, what the Python side of each call costs:
 the launchers run with the kernel launch replaced by a no-op (argument names still checked),
@@ -71,18 +73,24 @@ def bench(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
-DBWD_MODES = {"fused": (True, False), "split": (True, True), "composed": (False, False)}
+# (ops.FUSED_DOUBLE_BACKWARD, double_backward.SPLIT_ROW_PASS, double_backward.ROW_GROUPS)
+DBWD_MODES = {
+    "fused": (True, False, False),
+    "split": (True, True, False),
+    "grouped": (True, False, True),
+    "composed": (False, False, False),
+}
 
 
 @contextlib.contextmanager
 def dbwd_mode(mode: str):
     """Select the Triton double backward (see the module docstring) inside the block."""
-    saved = ops.FUSED_DOUBLE_BACKWARD, double_backward.SPLIT_ROW_PASS
-    ops.FUSED_DOUBLE_BACKWARD, double_backward.SPLIT_ROW_PASS = DBWD_MODES[mode]
+    saved = ops.FUSED_DOUBLE_BACKWARD, double_backward.SPLIT_ROW_PASS, double_backward.ROW_GROUPS
+    ops.FUSED_DOUBLE_BACKWARD, double_backward.SPLIT_ROW_PASS, double_backward.ROW_GROUPS = DBWD_MODES[mode]
     try:
         yield
     finally:
-        ops.FUSED_DOUBLE_BACKWARD, double_backward.SPLIT_ROW_PASS = saved
+        ops.FUSED_DOUBLE_BACKWARD, double_backward.SPLIT_ROW_PASS, double_backward.ROW_GROUPS = saved
 
 
 def host_overhead(features: int = 20, rounds: int = 5, calls: int = 200) -> dict[str, float]:

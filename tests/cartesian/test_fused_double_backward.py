@@ -194,14 +194,18 @@ def test_a_recorded_double_backward_is_composed_and_third_derivatives_agree(fuse
         assert_close(b, a, 1e-12, "third derivative")
 
 
-def test_switch_reads_zero_or_one_and_names_a_bad_value(monkeypatch):
-    monkeypatch.setenv("FLASHCART_FUSED_DOUBLE_BACKWARD", "0")
-    assert ops._env_switch("FLASHCART_FUSED_DOUBLE_BACKWARD", True) is False
-    monkeypatch.setenv("FLASHCART_FUSED_DOUBLE_BACKWARD", "")
-    assert ops._env_switch("FLASHCART_FUSED_DOUBLE_BACKWARD", True) is True
+def test_switch_reads_its_modes_and_names_a_bad_value(monkeypatch):
+    for raw, mode in [
+        ("0", (False, False, False)),
+        ("", (True, False, False)),
+        ("1", (True, False, False)),
+        ("grouped", (True, False, True)),
+    ]:
+        monkeypatch.setenv("FLASHCART_FUSED_DOUBLE_BACKWARD", raw)
+        assert double_backward.env_mode() == mode
     monkeypatch.setenv("FLASHCART_FUSED_DOUBLE_BACKWARD", "yes")
-    with pytest.raises(ValueError, match="FLASHCART_FUSED_DOUBLE_BACKWARD must be 0 or 1, got 'yes'"):
-        ops._env_switch("FLASHCART_FUSED_DOUBLE_BACKWARD", True)
+    with pytest.raises(ValueError, match="FLASHCART_FUSED_DOUBLE_BACKWARD must be one of 1, 0, split, grouped, got 'yes'"):
+        double_backward.env_mode()
 
 
 def test_cotangent_of_the_wrong_shape_is_refused():
@@ -240,7 +244,7 @@ def test_fused_kernels_compile_for_sm90():
     )
     assert run.returncode == 0, run.stderr[-3000:]
     lines = run.stdout.splitlines()
-    assert len(lines) == 5 and all("REG:" in line for line in lines), run.stdout
+    assert len(lines) == 6 and all("REG:" in line for line in lines), run.stdout
 
 
 # ---------------------------------------------------------------------------------------
@@ -348,9 +352,10 @@ def test_results_the_backward_pass_does_not_reach_are_not_computed(fused):
 
 
 @needs_triton
-@pytest.mark.parametrize("name", ["conv-bcast-x2", "conv-bcast-x1-shared"])
-def test_split_row_pass_gives_the_same_results(name, monkeypatch):
-    """SPLIT_ROW_PASS (d go in a receiver pass of its own) only changes the launches."""
+@pytest.mark.parametrize("name", ["conv-bcast-x2", "conv-bcast-x1-shared", "conv-two-blocks"])
+def test_split_and_grouped_row_passes_give_the_same_results(name, monkeypatch):
+    """SPLIT_ROW_PASS (d go in a receiver pass of its own) and ROW_GROUPS (paths split by
+    output rank over grid axis 2) only change the launches."""
     case = CASES[name]
     tp, graph, (x1, x2, w), rand = _problem(case)
     key = product_key(*case[:3], False, case[6])
@@ -360,17 +365,28 @@ def test_split_row_pass_gives_the_same_results(name, monkeypatch):
     launches = []
 
     class Spy:
-        def launch(self, *args, **kw):
-            launches.append((kw["NEED_GO"], kw["NEED_X2"], kw["NEED_W"]))
-            return signatures.TP_DBWD_ROW.launch(*args, **kw)
+        def launch(self, module, grid, **kw):
+            launches.append((grid[2], kw["NEED_GO"], kw["NEED_X2"], kw["NEED_W"], kw["ROW_GROUPS"]))
+            return signatures.TP_DBWD_ROW.launch(module, grid, **kw)
 
     monkeypatch.setattr(double_backward, "TP_DBWD_ROW", Spy())
     merged = ops.tp_dbwd(go, x1, x2, w, *gg, *csr, key, True, True, True, True)
     monkeypatch.setattr(double_backward, "SPLIT_ROW_PASS", True)
     split = ops.tp_dbwd(go, x1, x2, w, *gg, *csr, key, True, True, True, True)
-    assert launches == [(True, True, True), (True, False, False), (False, True, True)]
-    for a, b in zip(merged, split):
+    monkeypatch.setattr(double_backward, "SPLIT_ROW_PASS", False)
+    monkeypatch.setattr(double_backward, "ROW_GROUPS", True)
+    grouped = ops.tp_dbwd(go, x1, x2, w, *gg, *csr, key, True, True, True, True)
+    n_groups = len({p.l_out for p in product_spec(key).paths})
+    assert n_groups > 1
+    assert launches == [
+        (1, True, True, True, False),
+        (1, True, False, False, False),
+        (1, False, True, True, False),
+        (n_groups, True, True, True, True),
+    ]
+    for a, b, c in zip(merged, split, grouped):
         assert torch.equal(a, b)
+        assert_close(c, a, 1e-13, "grouped vs merged")
 
 
 @needs_triton

@@ -34,7 +34,7 @@ from .._paths import Path
 from .codegen import _I, _lit, _load, _ranks, out_offsets
 from .signatures import TP_DBWD_ROW, TP_DBWD_X1_CSR
 
-__all__ = ["generate_double_backward_source"]
+__all__ = ["generate_double_backward_source", "row_groups"]
 
 # Register names in the generated code: a/b: x1/x2 components, c/d: gg1/gg2 components,
 # w/q: weights and their cotangent per path, go/gop: output cotangent (by block / by path).
@@ -69,15 +69,18 @@ def _zeros(indent: str, prefix: str, ranks) -> list[str]:
     return [f"{indent}{prefix}{l}_{i} = tl.zeros([BLOCK_F], dtype=DT)" for l, i in _comps(ranks)]
 
 
-def _store_input_grad(indent: str, ptr: str, prefix: str, ranks, l_max: int, red: str) -> list[str]:
+def _store_input_grad(indent: str, ptr: str, prefix: str, ranks, l_max: int, red: str, group: int = 0) -> list[str]:
     """Store every component ``0..(l_max+1)^2`` of an input gradient (zeros for ranks without
-    paths): per channel, or with ``red`` set the channel-block sum in column block ``pf``."""
+    paths): per channel, or with ``red`` set the channel-block sum in column block ``pf``.
+    Path group ``group`` (``ROW_GROUPS``) writes its partial sum in column block ``group``."""
     n = (l_max + 1) ** 2
     values = [(l * l + i, f"{prefix}{l}_{i}" if l in ranks else "tl.zeros([BLOCK_F], dtype=DT)") for l, i in _comps(range(l_max + 1))]
+    col = f"({group} * tl.num_programs(1) + pf) * {n}" if group else f"pf * {n}"
     L = [f"{indent}if {red}:"]
-    L += [f"{indent}{_I}tl.store({ptr} + pf * {n} + {k}, tl.sum({v}, axis=0))" for k, v in values]
+    L += [f"{indent}{_I}tl.store({ptr} + {col} + {k}, tl.sum({v}, axis=0))" for k, v in values]
     L += [f"{indent}else:"]
-    L += [f"{indent}{_I}tl.store({ptr} + {k} * F + f, {v}, mask=fm)" for k, v in values]
+    base = f"{group * n} * F + " if group else ""
+    L += [f"{indent}{_I}tl.store({ptr} + {base}{k} * F + f, {v}, mask=fm)" for k, v in values]
     return L
 
 
@@ -85,12 +88,17 @@ def _load_rank_rows(indent: str, paths, attr: str, name: str, ptr: str, width: s
     return [indent + _load(f"{name}{l}_{i}", ptr, f"{l * l + i} * {width}", fvec) for l, i in _comps(_ranks(paths, attr))]
 
 
-def _load_paths(indent: str, paths, name: str, ptr: str) -> list[str]:
-    return [indent + _load(f"{name}{pi}", ptr, f"{pi} * F", "f") for pi in range(len(paths))]
+def _load_paths(indent: str, sel, name: str, ptr: str) -> list[str]:
+    return [indent + _load(f"{name}{pi}", ptr, f"{pi} * F", "f") for pi, _ in sel]
 
 
-def _alias_go(indent: str, paths, offsets) -> list[str]:
-    return [f"{indent}gop{pi}_{c} = go{offsets[(pi, c)]}" for pi, p in enumerate(paths) for c in range(2 * p.l_out + 1)]
+def _alias_go(indent: str, sel, offsets) -> list[str]:
+    return [f"{indent}gop{pi}_{c} = go{offsets[(pi, c)]}" for pi, p in sel for c in range(2 * p.l_out + 1)]
+
+
+def _blocks(sel, offsets) -> list[int]:
+    """Output channel blocks the selected paths write."""
+    return sorted({offsets[(pi, c)] for pi, p in sel for c in range(2 * p.l_out + 1)})
 
 
 def _bilinear(indent: str, table, u: str, v: str, out: str) -> list[str]:
@@ -107,10 +115,10 @@ def _m_side(indent: str, pi: int, p: Path) -> list[str]:
     return _combine(indent, f"m{pi}_", 2 * p.l2 + 1, "HAS_GG2", f"w{pi}", f"d{p.l2}_", "HAS_GGW", f"q{pi}", f"b{p.l2}_")
 
 
-def _d_go(indent: str, paths, offsets) -> list[str]:
+def _d_go(indent: str, sel, offsets) -> list[str]:
     I2 = indent + _I
     L = []
-    for pi, p in enumerate(paths):
+    for pi, p in sel:
         table, n_out = product_table(p.l1, p.l2, p.l_out), 2 * p.l_out + 1
         L.append(f"{indent}if HAS_GG1 or HAS_GGW:")
         L += _u_side(I2, pi, p)
@@ -122,21 +130,21 @@ def _d_go(indent: str, paths, offsets) -> list[str]:
     return L
 
 
-def _d_x2(indent: str, paths, in2_l_max: int) -> list[str]:
-    ranks = _ranks(paths, "l2")
+def _d_x2(indent: str, sel, in2_l_max: int, group: int) -> list[str]:
+    ranks = _ranks([p for _, p in sel], "l2")
     L = _zeros(indent, "h", ranks)
-    for pi, p in enumerate(paths):
+    for pi, p in sel:
         L += _u_side(indent, pi, p)
         L += _bilinear(indent, product_vjp_b_table(p.l1, p.l2, p.l_out), f"gop{pi}_", f"u{pi}_", f"y{pi}_")
         L += [f"{indent}h{p.l2}_{j} += y{pi}_{j}" for j in range(2 * p.l2 + 1)]
     L.append(f"{indent}pdx2 = dx2_ptr + e64 * dx2_row")
-    return L + _store_input_grad(indent, "pdx2", "h", ranks, in2_l_max, "RED_X2")
+    return L + _store_input_grad(indent, "pdx2", "h", ranks, in2_l_max, "RED_X2", group)
 
 
-def _d_w(indent: str, paths) -> list[str]:
+def _d_w(indent: str, sel) -> list[str]:
     I2 = indent + _I
     L = []
-    for pi, p in enumerate(paths):
+    for pi, p in sel:
         table, n_out = product_table(p.l1, p.l2, p.l_out), 2 * p.l_out + 1
         L.append(f"{indent}if HAS_GG1:")
         L += _bilinear(I2, table, f"c{p.l1}_", f"b{p.l2}_", f"z{pi}_")
@@ -152,42 +160,28 @@ def _d_w(indent: str, paths) -> list[str]:
     return L
 
 
-def _d_x1_terms(indent: str, paths) -> list[str]:
+def _d_x1_terms(indent: str, sel) -> list[str]:
     """Accumulate ``g += sum_p A_p(go, w_p gg2 + ggw_p x2)`` (``g`` zeroed by the caller)."""
     L = []
-    for pi, p in enumerate(paths):
+    for pi, p in sel:
         L += _m_side(indent, pi, p)
         L += _bilinear(indent, product_vjp_a_table(p.l1, p.l2, p.l_out), f"gop{pi}_", f"m{pi}_", f"n{pi}_")
         L += [f"{indent}g{p.l1}_{i} += n{pi}_{i}" for i in range(2 * p.l1 + 1)]
     return L
 
 
-def _row_kernel(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
-    I, II, III = _I, _I * 2, _I * 3
-    n_paths = len(paths)
-    L = TP_DBWD_ROW.header(I)
-    L += [
-        f"{I}row = tl.cast(tl.program_id(0), tl.int64)",
-        f"{I}pf = tl.program_id(1)",
-        f"{I}f = pf * BLOCK_F + tl.arange(0, BLOCK_F)",
-        f"{I}fm = f < F",
-        f"{I}f1 = f * F1S",
-        f"{I}f2 = f * F2S",
-        f"{I}if CONV:",
-        f"{II}start = tl.load(rowptr_ptr + row)",
-        f"{II}end = tl.load(rowptr_ptr + row + 1)",
-        f"{I}else:",
-        f"{II}start = row",
-        f"{II}end = row + 1",
-        f"{I}if NEED_X1 or NEED_X2 or NEED_W:",
-        f"{II}pg = go_ptr + row * go_row",
-    ]
-    L += [II + _load(f"go{k}", "pg", f"{k} * F", "f") for k in range(n_out)]
-    L += _alias_go(II, paths, offsets)
+def _row_body(indent: str, sel, offsets, in1_l_max: int, in2_l_max: int, group: int, dense_x1: bool) -> list[str]:
+    """The receiver/row pass over the selected paths ``sel`` (``[(path index, path)]``)."""
+    I, II, III = indent, indent + _I, indent + _I * 2
+    paths = [p for _, p in sel]
+    blocks = _blocks(sel, offsets)
+    L = [f"{I}if NEED_X1 or NEED_X2 or NEED_W:", f"{II}pg = go_ptr + row * go_row"]
+    L += [II + _load(f"go{k}", "pg", f"{k} * F", "f") for k in blocks]
+    L += _alias_go(II, sel, offsets)
     L.append(f"{I}if NEED_GO:")
-    L += [f"{II}acc{k} = tl.zeros([BLOCK_F], dtype=DT)" for k in range(n_out)]
+    L += [f"{II}acc{k} = tl.zeros([BLOCK_F], dtype=DT)" for k in blocks]
     L.append(f"{I}if NEED_W and SHARED_W:")
-    L += [f"{II}dwa{pi} = tl.zeros([BLOCK_F], dtype=DT)" for pi in range(n_paths)]
+    L += [f"{II}dwa{pi} = tl.zeros([BLOCK_F], dtype=DT)" for pi, _ in sel]
     L += [
         f"{I}for e in range(start, end):",
         f"{II}e64 = tl.cast(e, tl.int64)",
@@ -202,30 +196,67 @@ def _row_kernel(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
     # x1, x2 and w always exist; loads a configuration does not use are removed by the compiler
     L += _load_rank_rows(II, paths, "l1", "a", "pa", "F1C", "f1")
     L += _load_rank_rows(II, paths, "l2", "b", "pb", "F2C", "f2")
-    L += _load_paths(II, paths, "w", "pw")
+    L += _load_paths(II, sel, "w", "pw")
     L += [f"{II}if HAS_GG1:", f"{III}pc = gg1_ptr + src * x1_row"]
     L += _load_rank_rows(III, paths, "l1", "c", "pc", "F1C", "f1")
     L += [f"{II}if HAS_GG2:", f"{III}pd = gg2_ptr + e64 * x2_row"]
     L += _load_rank_rows(III, paths, "l2", "d", "pd", "F2C", "f2")
     L += [f"{II}if HAS_GGW:", f"{III}pq = ggw_ptr + e64 * w_row"]
-    L += _load_paths(III, paths, "q", "pq")
+    L += _load_paths(III, sel, "q", "pq")
     L.append(f"{II}if NEED_GO:")
-    L += _d_go(III, paths, offsets)
+    L += _d_go(III, sel, offsets)
     L.append(f"{II}if NEED_X2:")
-    L += _d_x2(III, paths, in2_l_max)
+    L += _d_x2(III, sel, in2_l_max, group)
     L.append(f"{II}if NEED_W:")
-    L += _d_w(III, paths)
-    L.append(f"{II}if NEED_X1:  # dense mode only (convolution: tp_dbwd_x1_csr)")
-    ranks1 = _ranks(paths, "l1")
-    L += _zeros(III, "g", ranks1)
-    L += _d_x1_terms(III, paths)
-    L.append(f"{III}pdx1 = dx1_ptr + src * dx1_row")
-    L += _store_input_grad(III, "pdx1", "g", ranks1, in1_l_max, "RED_X1")
+    L += _d_w(III, sel)
+    if dense_x1:
+        L.append(f"{II}if NEED_X1:  # dense mode only (convolution: tp_dbwd_x1_csr)")
+        ranks1 = _ranks(paths, "l1")
+        L += _zeros(III, "g", ranks1)
+        L += _d_x1_terms(III, sel)
+        L.append(f"{III}pdx1 = dx1_ptr + src * dx1_row")
+        L += _store_input_grad(III, "pdx1", "g", ranks1, in1_l_max, "RED_X1")
     L.append(f"{I}if NEED_GO:")
     L.append(f"{II}pdgo = dgo_ptr + row * go_row")
-    L += [f"{II}tl.store(pdgo + {k} * F + f, acc{k}, mask=fm)" for k in range(n_out)]
+    L += [f"{II}tl.store(pdgo + {k} * F + f, acc{k}, mask=fm)" for k in blocks]
     L.append(f"{I}if NEED_W and SHARED_W:")
-    L += [f"{II}tl.store(dw_ptr + row * dw_row + {pi} * F + f, dwa{pi}, mask=fm)" for pi in range(n_paths)]
+    L += [f"{II}tl.store(dw_ptr + row * dw_row + {pi} * F + f, dwa{pi}, mask=fm)" for pi, _ in sel]
+    return L
+
+
+def row_groups(paths) -> list[list[int]]:
+    """Path indices of each ``ROW_GROUPS`` group: the paths of one output rank."""
+    ranks = sorted({p.l_out for p in paths})
+    return [[i for i, p in enumerate(paths) if p.l_out == l] for l in ranks]
+
+
+def _row_kernel(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
+    I, II = _I, _I * 2
+    L = TP_DBWD_ROW.header(I)
+    L += [
+        f"{I}row = tl.cast(tl.program_id(0), tl.int64)",
+        f"{I}pf = tl.program_id(1)",
+        f"{I}f = pf * BLOCK_F + tl.arange(0, BLOCK_F)",
+        f"{I}fm = f < F",
+        f"{I}f1 = f * F1S",
+        f"{I}f2 = f * F2S",
+        f"{I}if CONV:",
+        f"{II}start = tl.load(rowptr_ptr + row)",
+        f"{II}end = tl.load(rowptr_ptr + row + 1)",
+        f"{I}else:",
+        f"{II}start = row",
+        f"{II}end = row + 1",
+        # convolution mode can split the paths by output rank over grid axis 2: each program
+        # holds the output cotangent and accumulators of one rank only (fewer registers); the
+        # input-2 result is then a partial sum per group (column block ``group``)
+        f"{I}if ROW_GROUPS:",
+        f"{II}grp = tl.program_id(2)",
+    ]
+    for g, idx in enumerate(row_groups(paths)):
+        L.append(f"{II}if grp == {g}:")
+        L += _row_body(II + _I, [(i, paths[i]) for i in idx], offsets, in1_l_max, in2_l_max, g, dense_x1=False)
+    L.append(f"{I}else:")
+    L += _row_body(II, list(enumerate(paths)), offsets, in1_l_max, in2_l_max, 0, dense_x1=True)
     return L
 
 
@@ -252,16 +283,16 @@ def _x1_csr_kernel(paths, offsets, n_out, in1_l_max) -> list[str]:
         f"{II}pw = w_ptr + e64 * w_row",
     ]
     L += [II + _load(f"go{k}", "pg", f"{k} * F", "f") for k in range(n_out)]
-    L += _alias_go(II, paths, offsets)
+    L += _alias_go(II, list(enumerate(paths)), offsets)
     L += [f"{II}if HAS_GGW:"]
     L += _load_rank_rows(III, paths, "l2", "b", "pb", "F2C", "f2")
     L += [f"{III}pq = ggw_ptr + e64 * w_row"]
-    L += _load_paths(III, paths, "q", "pq")
+    L += _load_paths(III, list(enumerate(paths)), "q", "pq")
     L += [f"{II}if HAS_GG2:"]
-    L += _load_paths(III, paths, "w", "pw")
+    L += _load_paths(III, list(enumerate(paths)), "w", "pw")
     L += [f"{III}pd = gg2_ptr + e64 * x2_row"]
     L += _load_rank_rows(III, paths, "l2", "d", "pd", "F2C", "f2")
-    L += _d_x1_terms(II, paths)
+    L += _d_x1_terms(II, list(enumerate(paths)))
     L.append(f"{I}pdx1 = dx1_ptr + j * dx1_row")
     L += _store_input_grad(I, "pdx1", "g", ranks1, in1_l_max, "RED_X1")
     return L
@@ -275,6 +306,7 @@ def generate_double_backward_source(paths: list[Path], in1_l_max: int, in2_l_max
         "import triton",
         "import triton.language as tl",
         f"N_OUT_BLOCKS = {n_out}",
+        f"N_ROW_GROUPS = {len(row_groups(paths))}",
         "",
     ]
     lines += _row_kernel(paths, offsets, n_out, in1_l_max, in2_l_max) + [""]

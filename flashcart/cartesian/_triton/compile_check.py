@@ -27,7 +27,9 @@ _INDEX = {"rowptr_ptr", "send_ptr", "recv_ptr", "perm_ptr", "srowptr_ptr"}
 def _variants(dbwd_only: bool):
     from .signatures import TP_BWD_EDGE, TP_BWD_X1_CSR, TP_DBWD_ROW, TP_DBWD_X1_CSR, TP_FWD
 
-    every = dict(HAS_GG1=True, HAS_GG2=True, HAS_GGW=True, NEED_GO=True, NEED_X2=True, NEED_W=True, RED_X2=True, SHARED_W=False)
+    every = dict(
+        HAS_GG1=True, HAS_GG2=True, HAS_GGW=True, NEED_GO=True, NEED_X2=True, NEED_W=True, RED_X2=True, SHARED_W=False, ROW_GROUPS=False
+    )
     out = []
     if not dbwd_only:
         out += [
@@ -37,6 +39,12 @@ def _variants(dbwd_only: bool):
         ]
     out += [
         ("dbwd", TP_DBWD_ROW, "tp_dbwd_row conv all", dict(CONV=True, NEED_X1=False, RED_X1=False, **every)),
+        (
+            "dbwd",
+            TP_DBWD_ROW,
+            "tp_dbwd_row conv all, groups",
+            dict(CONV=True, NEED_X1=False, RED_X1=False, **{**every, "ROW_GROUPS": True}),
+        ),
         (
             "dbwd",
             TP_DBWD_ROW,

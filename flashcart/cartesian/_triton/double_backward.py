@@ -14,6 +14,7 @@ differentiable ``tp_fwd``/``tp_bwd`` ops.
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -23,12 +24,30 @@ from .common import DT, block_f, cdiv, tp_shapes
 from .signatures import TP_DBWD_ROW, TP_DBWD_X1_CSR
 from .source import double_backward_module
 
-__all__ = ["tp_dbwd", "fused_outputs", "SPLIT_ROW_PASS"]
+__all__ = ["tp_dbwd", "fused_outputs", "env_mode", "SPLIT_ROW_PASS", "ROW_GROUPS"]
 
-# Convolution mode: False (default) evaluates d go, d x2 and d w in one receiver pass (each
-# edge operand read once, more registers per thread); True runs d go in a pass of its own
-# (benchmarks/kernels.py compares the two on the GPU).
-SPLIT_ROW_PASS = False
+_ENV = "FLASHCART_FUSED_DOUBLE_BACKWARD"
+# value -> (fused, SPLIT_ROW_PASS, ROW_GROUPS)
+ENV_MODES = {"1": (True, False, False), "0": (False, False, False), "split": (True, True, False), "grouped": (True, False, True)}
+
+
+def env_mode() -> tuple[bool, bool, bool]:
+    """``FLASHCART_FUSED_DOUBLE_BACKWARD``: ``1`` (default) fused, ``0`` composed, ``split`` or
+    ``grouped`` fused with that receiver-pass layout; anything else is an error naming it."""
+    raw = os.environ.get(_ENV, "").strip() or "1"
+    if raw not in ENV_MODES:
+        raise ValueError(f"environment variable {_ENV} must be one of {', '.join(ENV_MODES)}, got {raw!r}")
+    return ENV_MODES[raw]
+
+
+# Receiver-pass layout in convolution mode (read at import, module attributes for benchmarks):
+# SPLIT_ROW_PASS: False evaluates d go, d x2 and d w in one receiver pass (each edge operand
+# read once, more registers per thread); True runs d go in a pass of its own.
+# ROW_GROUPS: True splits the receiver pass's paths by output rank over a grid axis (one
+# program per receiver, channel block and output rank): fewer registers per program (no
+# spills where the merged pass spills), the small edge and node operands read once per rank,
+# each weight column still once. benchmarks/kernels.py compares them on the GPU.
+_, SPLIT_ROW_PASS, ROW_GROUPS = env_mode()
 
 
 def fused_outputs(has_gg1: bool, has_gg2: bool, has_ggw: bool, need: tuple[bool, bool, bool, bool]) -> tuple[bool, bool, bool, bool]:
@@ -100,7 +119,9 @@ def tp_dbwd(
     empty = x2.new_empty(0)
     d_go = torch.empty_like(go) if c_go else empty
     d_x1 = torch.empty(x1.shape[0], c1 * (n_blocks if red1 else F), dtype=dt, device=dev) if c_x1 else empty
-    d_x2 = torch.empty(x2.shape[0], c2 * (n_blocks if red2 else F), dtype=dt, device=dev) if c_x2 else empty
+    module = double_backward_module(key)
+    groups = module.N_ROW_GROUPS if ROW_GROUPS and conv else 1
+    d_x2 = torch.empty(x2.shape[0], groups * c2 * (n_blocks if red2 else F), dtype=dt, device=dev) if c_x2 else empty
     d_w = torch.empty(programs if shared else x2.shape[0], spec.n_paths * F, dtype=dt, device=dev) if c_w else empty
     unused = go  # any tensor: pointer arguments the kernel does not read (flag off)
     row_x1 = c_x1 and not conv
@@ -111,8 +132,8 @@ def tp_dbwd(
         passes = [(True, False, False), (False, c_x2, c_w)] if split else [(c_go, c_x2, c_w)]
         for n_go, n_x2, n_w in passes:
             TP_DBWD_ROW.launch(
-                double_backward_module(key),
-                (programs, n_blocks),
+                module,
+                (programs, n_blocks, groups),
                 num_warps=warps,
                 go_ptr=go,
                 x1_ptr=x1,
@@ -150,6 +171,7 @@ def tp_dbwd(
                 RED_X1=red1,
                 RED_X2=red2,
                 SHARED_W=shared,
+                ROW_GROUPS=groups > 1,
                 BLOCK_F=block,
                 DT=DT[dt],
             )
@@ -160,7 +182,7 @@ def tp_dbwd(
     if c_x1 and conv:
         if x1.shape[0] and F:
             TP_DBWD_X1_CSR.launch(
-                double_backward_module(key),
+                module,
                 (x1.shape[0], n_blocks),
                 num_warps=warps,
                 go_ptr=go,
@@ -190,8 +212,10 @@ def tp_dbwd(
     # broadcast inputs: per-channel-block partial sums -> one channel
     if c_x1 and red1 and n_blocks > 1:
         d_x1 = d_x1.view(x1.shape[0], n_blocks, c1).sum(1)
-    if c_x2 and red2 and n_blocks > 1:
-        d_x2 = d_x2.view(x2.shape[0], n_blocks, c2).sum(1)
+    if c_x2 and red2 and groups * n_blocks > 1:
+        d_x2 = d_x2.view(x2.shape[0], groups * n_blocks, c2).sum(1)
+    elif c_x2 and groups > 1:
+        d_x2 = d_x2.view(x2.shape[0], groups, c2 * F).sum(1)
     if c_w and shared:
         d_w = d_w.sum(0)
     return d_go, d_x1, d_x2, d_w

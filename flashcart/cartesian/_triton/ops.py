@@ -19,7 +19,6 @@ Ops (namespace ``flashcart``):
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
@@ -33,7 +32,7 @@ from .common import cdiv as _cdiv
 from .common import next_pow2 as _next_pow2
 from .common import reduce_channels as _reduce_channels
 from .common import tp_shapes as _tp_shapes
-from .double_backward import fused_outputs
+from .double_backward import env_mode, fused_outputs
 from .double_backward import tp_dbwd as _tp_dbwd_op
 from .linear_kernel import grouped_matmul
 from .signatures import EXPANSION_FWD, EXPANSION_SECOND, EXPANSION_VJP, TP_BWD_EDGE, TP_BWD_X1_CSR, TP_FWD
@@ -42,19 +41,10 @@ from .source import expansion_module, product_key, product_module
 __all__ = ["tensor_product", "direction_expansion", "equivariant_linear", "edge_csr", "FUSED_DOUBLE_BACKWARD"]
 
 
-def _env_switch(name: str, default: bool) -> bool:
-    raw = os.environ.get(name, "").strip()
-    if raw == "":
-        return default
-    if raw not in ("0", "1"):
-        raise ValueError(f"environment variable {name} must be 0 or 1, got {raw!r}")
-    return raw == "1"
-
-
 # The tensor product's double backward: the fused kernels (double_backward.tp_dbwd, default)
 # or the composition of tp_fwd/tp_bwd launches (FLASHCART_FUSED_DOUBLE_BACKWARD=0). Read at
 # import; benchmarks flip the module attribute to compare the two in one process.
-FUSED_DOUBLE_BACKWARD = _env_switch("FLASHCART_FUSED_DOUBLE_BACKWARD", True)
+FUSED_DOUBLE_BACKWARD = env_mode()[0]
 
 # ---------------------------------------------------------------------------------------
 # tensor product

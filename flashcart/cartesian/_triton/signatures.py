@@ -134,7 +134,9 @@ TP_BWD_X1_CSR = KernelSignature(
 # is present; NEED_*: that result is computed (the launcher clears a flag whose terms are all
 # absent); RED_X1/RED_X2: the input is broadcast (one channel), so each program stores its
 # channel sum in the column block of its channel block; SHARED_W: 1-D weights, the weight
-# gradient is summed over each program's edges and stored per program row.
+# gradient is summed over each program's edges and stored per program row. ROW_GROUPS
+# (convolution mode): grid axis 2 splits the paths by output rank (N_ROW_GROUPS groups, fewer
+# registers per program); the input-2 result is then a partial sum per group.
 TP_DBWD_ROW = KernelSignature(
     "tp_dbwd_row",
     args=(
@@ -176,6 +178,7 @@ TP_DBWD_ROW = KernelSignature(
         "RED_X1",
         "RED_X2",
         "SHARED_W",
+        "ROW_GROUPS",
         "BLOCK_F",
         "DT",
     ),
