@@ -329,6 +329,15 @@ def test_fused_double_backward_parity_on_gpu(name, fused):
         for what, a, b, c in zip(("d go", "d x1", "d x2", "d w"), got, composed, expected):
             assert_close(a, c, 1e-10, f"{name} {present} {what} fused vs torch")
             assert_close(a, b, 1e-10, f"{name} {present} {what} fused vs composed")
+    # the other receiver-pass layouts (compiled for the device here, not only interpreted)
+    fused(True)
+    expected = _second_order(ref, graph, _leaves([go, *xs]), cots, (True, True, True))
+    for layout in ("SPLIT_ROW_PASS", "ROW_GROUPS"):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(double_backward, layout, True)
+            got = _second_order(tp, graph, _leaves([go, *xs]), cots, (True, True, True))
+        for what, a, c in zip(("d go", "d x1", "d x2", "d w"), got, expected):
+            assert_close(a, c, 1e-10, f"{name} {layout} {what} vs torch")
 
 
 @needs_triton
