@@ -1,11 +1,12 @@
 """Convolution tensor-product kernels on the periodic diamond workload (GPU).
 
 Diamond, a = 3.567 Å, 5x5x5 cubic cells (1000 atoms), r_max 6 Å (158k edges); hidden
-l_max 2 (senders), edge l_max 3 (one channel), output l_max 2, path-resolved; per-edge
-weights. For each feature count: forward, backward (all inputs) and double backward (all
-four results: output cotangent, both inputs and weights, as in force training), in ms
-(median of CUDA-event timings after warm-up, float32, TF32 off), with the bytes each must
-move at least and the achieved fraction of the measured copy bandwidth.
+l_max 2 (senders), edge l_max 3 (one channel), output l_max 2 (``--out-l-max``; 3 is the
+published models' convolution), path-resolved; per-edge weights. For each feature count:
+forward, backward (all inputs) and double backward (all four results: output cotangent,
+both inputs and weights, as in force training), in ms (median of CUDA-event timings after
+warm-up, float32, TF32 off), with the bytes each must move at least and the achieved
+fraction of the measured copy bandwidth.
 
 The Triton double backward is timed in each ``--dbwd`` mode: ``fused`` (the generated fused
 kernels, two launches, the default), ``split`` (fused, with the output cotangent's result
@@ -155,6 +156,7 @@ def host_overhead(features: int = 20, rounds: int = 5, calls: int = 200) -> dict
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--features", type=int, nargs="+", default=[20, 64, 128])
+    parser.add_argument("--out-l-max", type=int, default=2, help="output rank limit (the published models' convolution: 3)")
     parser.add_argument("--backends", nargs="+", default=["triton", "torch"])
     parser.add_argument("--dbwd", nargs="+", default=list(DBWD_MODES), choices=list(DBWD_MODES), help="Triton double-backward modes")
     parser.add_argument("--host-overhead", action="store_true", help="host cost per call on the CPU, launches stubbed")
@@ -176,7 +178,7 @@ def main() -> None:
     rows = []
     for F in args.features:
         for backend in args.backends:
-            tp = TensorProduct(2, 3, 2, F, 1, backend=backend)
+            tp = TensorProduct(2, 3, args.out_l_max, F, 1, backend=backend)
             x1 = torch.randn(n, tp.in1_width, device=dev, requires_grad=True)
             x2 = attrs.detach().clone().requires_grad_()
             w = torch.randn(E, tp.weight_numel, device=dev, requires_grad=True)
