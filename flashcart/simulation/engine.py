@@ -37,7 +37,8 @@ It owns what a simulation needs around the model call:
     (or the system changes). CUDA only; with a compile mode that replays CUDA graphs itself
     (``reduce-overhead``, ``max-autotune``) the model inside is compiled without them;
   - ``"auto"`` (default): when the list is reused (``skin > 0``) and padding is not switched
-    off, ``"graph"`` on CUDA with ``reduce-overhead``/``max-autotune``, ``"static"`` on CUDA
+    off, ``"graph"`` on CUDA with ``reduce-overhead``/``max-autotune`` (if the capture fails:
+    a warning, then ``"static"``; an explicit ``step="graph"`` raises), ``"static"`` on CUDA
     otherwise or wherever the model is padded anyway (``pad=True`` or compiled); else
     ``"dynamic"`` (eager on the CPU, where padding a small molecule to the capacity multiples
     would cost more than the compaction saves: ethanol padded to 128 atoms is slower).
@@ -47,6 +48,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -174,6 +176,8 @@ class Engine:
         if step not in STEP_MODES:
             raise ValueError(f"step must be one of {list(STEP_MODES)}, got {step!r}")
         self.device = resolve_device(device)
+        # a graph the engine chose itself falls back to the eager static step if capturing fails
+        self._graph_fallback = step == "auto"
         if step == "auto":
             step = "dynamic"
             if skin > 0 and pad is not False:
@@ -222,6 +226,7 @@ class Engine:
         self.early_rebuilds = 0  # lists rebuilt because the next step was predicted to be stale
         self.capacity_overflows = 0  # static steps discarded: more pairs within r_max than edge slots
         self.graph_captures = 0  # CUDA graphs captured (step="graph")
+        self.graph_capture_error: str | None = None  # why step "auto" fell back from "graph" to "static"
         self.model_edges = 0  # edges the model saw in the last call (within r_max for the static step)
         self._moved = (0.0, 0.0)  # largest displacement (Å) from the list's reference, last two calls
 
@@ -481,7 +486,20 @@ class Engine:
         if self.step == "graph":
             captured = self._captured.get(stress)
             if captured is None:
-                captured = self._captured[stress] = CapturedStep(step, stress)
+                try:
+                    captured = CapturedStep(step, stress)
+                except Exception as e:
+                    if not self._graph_fallback:
+                        raise
+                    self.graph_capture_error = f"{type(e).__name__}: {e}"
+                    warnings.warn(
+                        f"capturing the simulation step as a CUDA graph failed ({self.graph_capture_error}); "
+                        "continuing with step='static' (the same step, eager)",
+                        stacklevel=4,
+                    )
+                    self.step = "static"
+                    return self._run_static(positions, stress)
+                self._captured[stress] = captured
                 self.graph_captures += 1
             return captured(positions)
         step.positions.copy_(self._upload(positions))

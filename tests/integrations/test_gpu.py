@@ -98,6 +98,7 @@ def test_graph_step_equals_the_eager_engine_along_md_with_rebuilds(model, compil
         assert abs(r.energy - energy) < 1e-5 * max(1.0, abs(energy))
         assert np.abs(r.forces - forces).max() < 1e-5 * scale
     assert graph.neighbor_list_builds >= 3 and graph.capacity_overflows == 0
+    assert graph.graph_capture_error is None  # step "auto" did not fall back to the eager step
     assert graph.graph_captures == 1  # new lists were copied into the captured buffers
 
 

@@ -186,3 +186,23 @@ def test_structures_without_pairs_within_the_cutoff(model):
         assert abs(r.energy - sum(shifts[s] for s in atoms.get_chemical_symbols())) > 1e-6  # not just the offsets
         assert engine.model_edges == 0
     assert engine.n_edges == 2  # the OH pair is listed (within r_max + skin) and compacted away
+
+
+def test_a_failed_capture_falls_back_to_the_eager_step_only_when_the_engine_chose_the_graph(model, monkeypatch):
+    import flashcart.simulation.engine as engine_module
+
+    def failing(step, stress):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(engine_module, "CapturedStep", failing)
+    atoms = water_box()
+    chosen = Engine(model, device="cpu", dtype="float64", skin=0.5, step="static")
+    chosen.step, chosen._graph_fallback = "graph", True  # as step="auto" on CUDA with reduce-overhead
+    with pytest.warns(UserWarning, match="capturing the simulation step as a CUDA graph failed .*continuing with step='static'"):
+        r = _evaluate(chosen, atoms)
+    assert chosen.step == "static" and "not permitted" in chosen.graph_capture_error and chosen.graph_captures == 0
+    assert abs(r.energy - reference_evaluation(model, atoms)[0]) < 1e-12 * max(1.0, abs(r.energy))
+    explicit = Engine(model, device="cpu", dtype="float64", skin=0.5, step="static")
+    explicit.step, explicit._graph_fallback = "graph", False  # as step="graph"
+    with pytest.raises(RuntimeError, match="not permitted"):
+        _evaluate(explicit, atoms)
