@@ -314,6 +314,8 @@ def main() -> None:
                 f"{engine.stale_evaluations} stale evaluations, {engine.capacity_overflows} capacity overflows, "
                 f"{engine.graph_captures} graph captures; the model saw {engine.model_edges} of {engine.n_edges} listed edges)"
             )
+            if engine.graph_capture_error:
+                print(f"  the CUDA-graph capture failed and the step ran eager: {engine.graph_capture_error}")
         if engine is None:
             continue
         print(f"where a step goes (s per call), step={engine.step}:")
