@@ -75,7 +75,7 @@ def _per_call(fn, n: int, device: str, warmup: int = 3) -> float:
 
 
 def make_engine(model, args, step: str) -> Engine:
-    return Engine(model, device=args.device, compile_mode=args.compile_mode, skin=args.skin, step=step)
+    return Engine(model, device=args.device, compile_mode=args.compile_mode, skin=args.skin, step=step, headroom=args.headroom)
 
 
 def ase_md(model, atoms: Atoms, args, step: str) -> tuple[float, Engine]:
@@ -256,6 +256,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--skin", type=float, default=0.5)
+    parser.add_argument("--headroom", type=float, default=0.1, help="engine capacity headroom (static step: spare edge slots)")
     parser.add_argument("--r-max", type=float, default=5.0)
     parser.add_argument("--model", nargs="*", default=[], help="KEY=VALUE model options")
     args = parser.parse_args()

@@ -58,7 +58,8 @@ class StepCapacities:
 
     def grown(self, n_atoms: int, n_pairs: int, n_edges: int, headroom: float, atom_multiple: int, edge_multiple: int) -> "StepCapacities":
         """Capacities that fit these sizes: kept where they already fit, else the size times
-        ``1 + headroom`` rounded up to the multiples (never shrinks)."""
+        ``1 + headroom`` rounded up to the multiples (never shrinks). The atoms get no headroom:
+        a step's number of atoms is fixed (another number of atoms is another step)."""
         h = 1.0 + headroom
 
         def grow(current: int, need: int, multiple: int) -> int:
@@ -66,7 +67,7 @@ class StepCapacities:
             return current if need <= current else _round_up(max(need, int(math.ceil(h * need))), multiple)
 
         return StepCapacities(
-            atoms=grow(self.atoms, n_atoms + 2, atom_multiple),
+            atoms=self.atoms if n_atoms + 2 <= self.atoms else _round_up(n_atoms + 2, atom_multiple),
             pairs=grow(self.pairs, n_pairs, edge_multiple),
             edges=grow(self.edges, n_edges, edge_multiple),
         )

@@ -206,3 +206,10 @@ def test_a_failed_capture_falls_back_to_the_eager_step_only_when_the_engine_chos
     explicit.step, explicit._graph_fallback = "graph", False  # as step="graph"
     with pytest.raises(RuntimeError, match="not permitted"):
         _evaluate(explicit, atoms)
+
+
+def test_capacities_grow_with_headroom_except_the_fixed_atom_count():
+    caps = StepCapacities(0, 0, 0).grown(768, 40_000, 30_000, 0.1, 128, 128)
+    assert caps == StepCapacities(atoms=896, pairs=44_032, edges=33_024)  # 770 -> 896; 44,000 -> 44,032; 33,000 -> 33,024
+    assert caps.grown(768, 44_032, 30_500, 0.1, 128, 128) == caps  # what fits keeps its capacity
+    assert caps.grown(768, 40_000, 33_025, 0.1, 128, 128).edges == 36_352  # 33,025 x 1.1 = 36,327.5 -> 36,352
