@@ -21,6 +21,10 @@ loaded once per edge:
 * ``tp_dbwd_x1_csr``: convolution-mode ``d x1``, one program per sender walking that
   sender's edges (``perm`` sorts edges by sender), again without atomics.
 
+With ``ROW_GROUPS`` (convolution mode) the receiver pass splits its paths by output rank over
+grid axis 2: a program holds one rank's output cotangent, accumulators and weight columns
+(fewer registers), and stores its part of ``d x2`` as a partial sum the launcher adds up.
+
 Absent cotangents and results nobody needs are compiled out through ``tl.constexpr`` flags
 (``HAS_*``, ``NEED_*``); the launcher clears a ``NEED_*`` flag whose terms are all absent, so a
 kernel never evaluates an empty sum. Parameter lists come from ``signatures``.
