@@ -10,6 +10,7 @@ from flashcart.export.aoti import build_aoti_graph
 from flashcart.model import FlashCartPotential
 
 from .conftest import ELEMENTS, assert_matches, crystal, ethanol, make_model, other_molecule, perturbed, predictor_reference
+from .test_aoti import RUNNER
 
 pytestmark = pytest.mark.gpu
 
@@ -39,29 +40,14 @@ dtype = getattr(torch, sys.argv[2])
 export_aoti(_triton_model(), ethanol(), sys.argv[1], dtype, "cuda", max_images=2, triton=sys.argv[3] == "1")
 """
 
-_RUN = """
-import sys, torch
-from flashcart.export import load_exported
-pot = load_exported(sys.argv[1])
-assert pot.device.type == "cuda", pot.device
-results = {}
-for name, (pos, numbers, cell, pbc) in torch.load(sys.argv[2]).items():
-    try:
-        energy, forces = pot(pos, numbers, cell, pbc)
-        results[name] = (energy.cpu(), forces.cpu(), forces.is_cuda, forces.dtype)
-    except RuntimeError as err:
-        results[name] = str(err)
-torch.save(results, sys.argv[3])
-"""
 
-
-def _stage(name: str, code: str, *args, cwd) -> None:
+def _stage(name: str, code: str, *args, cwd, isolated: bool = False) -> None:
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    cmd = [sys.executable, "-X", "faulthandler", "-c", code, *map(str, args)]
+    cmd = [sys.executable, *(["-I"] if isolated else []), "-X", "faulthandler", "-c", code, *map(str, args)]
     proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, f"stage {name!r} exited with {proc.returncode}:\n{proc.stderr[-6000:]}"
 
@@ -90,16 +76,18 @@ def test_cuda_package_matches_predictor(tmp_path, dtype, tol, triton):
         )
         for k, a in cases.items()
     }
-    torch.save({k: tuple(t.cpu() for t in v) for k, v in inputs.items()}, tmp_path / "inputs.pt")
-    _stage("load and run", _RUN, path, tmp_path / "inputs.pt", tmp_path / "out.pt", cwd=tmp_path)
+    torch.save(inputs, tmp_path / "inputs.pt")
+    # in a process where flashcart cannot be imported: the kernels are compiled into the package
+    _stage("load and run without flashcart", RUNNER, path, tmp_path / "inputs.pt", tmp_path / "out.pt", cwd=tmp_path, isolated=True)
     results = torch.load(tmp_path / "out.pt")
     for name, atoms in cases.items():
         if name == "too small cell":
             assert isinstance(results[name], str) and "more periodic images than this package enumerates" in results[name]
             continue
         assert not isinstance(results[name], str), f"{name}: {results[name]}"
-        energy, forces, on_cuda, out_dtype = results[name]
-        assert on_cuda and out_dtype == dtype
+        energy, forces = results[name]
+        assert forces.is_cuda and forces.dtype == dtype
+        energy, forces = energy.cpu(), forces.cpu()
         # reference: the Predictor on the CPU with the generated PyTorch backend
         assert_matches(energy, forces, *predictor_reference(make_model(), atoms, dtype), tol, name)
 

@@ -19,6 +19,7 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from .common import DT, block_f, cdiv, tp_shapes
 from .signatures import TP_DBWD_ROW, TP_DBWD_X1_CSR
@@ -70,7 +71,7 @@ def _check_like(t: Optional[Tensor], like: Tensor, what: str) -> None:
         raise ValueError(f"tp_dbwd: {what} has shape {tuple(t.shape)}, expected {tuple(like.shape)} (the shape of its operand)")
 
 
-@torch.library.custom_op("flashcart::tp_dbwd", mutates_args=())
+@torch.library.triton_op("flashcart::tp_dbwd", mutates_args=())
 def tp_dbwd(
     go: Tensor,
     x1: Tensor,
@@ -125,7 +126,7 @@ def tp_dbwd(
     d_w = torch.empty(programs if shared else x2.shape[0], spec.n_paths * F, dtype=dt, device=dev) if c_w else empty
     unused = go  # any tensor: pointer arguments the kernel does not read (flag off)
     row_x1 = c_x1 and not conv
-    if programs and F and (c_go or c_x2 or c_w or row_x1):
+    if not guard_or_false(programs == 0) and F and (c_go or c_x2 or c_w or row_x1):
         # one pass for all row results, or (SPLIT_ROW_PASS, convolution) d go in a pass of its
         # own: fewer registers per pass, the edge operands read twice
         split = SPLIT_ROW_PASS and conv and c_go and (c_x2 or c_w)
@@ -175,12 +176,12 @@ def tp_dbwd(
                 BLOCK_F=block,
                 DT=DT[dt],
             )
-    elif F == 0 or programs == 0:
+    elif F == 0 or guard_or_false(programs == 0):
         for t, c in ((d_go, c_go), (d_x1, row_x1), (d_x2, c_x2), (d_w, c_w)):
             if c:
                 t.zero_()
     if c_x1 and conv:
-        if x1.shape[0] and F:
+        if not guard_or_false(x1.shape[0] == 0) and F:
             TP_DBWD_X1_CSR.launch(
                 module,
                 (x1.shape[0], n_blocks),

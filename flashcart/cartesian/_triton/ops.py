@@ -23,6 +23,7 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from .._layout import edge_csr
 from .._linear_spec import BWD_W, BWD_X, FWD, N_COLS, linear_spec, n_tiles
@@ -35,7 +36,7 @@ from .common import tp_shapes as _tp_shapes
 from .double_backward import env_mode, fused_outputs
 from .double_backward import tp_dbwd as _tp_dbwd_op
 from .linear_kernel import grouped_matmul
-from .signatures import EXPANSION_FWD, EXPANSION_SECOND, EXPANSION_VJP, TP_BWD_EDGE, TP_BWD_X1_CSR, TP_FWD
+from .signatures import EXPANSION_FWD, EXPANSION_SECOND, EXPANSION_VJP, TP_BWD_EDGE, TP_BWD_X1_CSR, TP_FWD, traceable
 from .source import expansion_module, product_key, product_module
 
 __all__ = ["tensor_product", "direction_expansion", "equivariant_linear", "edge_csr", "FUSED_DOUBLE_BACKWARD"]
@@ -55,7 +56,7 @@ FUSED_DOUBLE_BACKWARD = env_mode()[0]
 # all None in dense mode.
 
 
-@torch.library.custom_op("flashcart::tp_fwd", mutates_args=())
+@torch.library.triton_op("flashcart::tp_fwd", mutates_args=())
 def tp_fwd(
     x1: Tensor,
     x2: Tensor,
@@ -71,7 +72,7 @@ def tp_fwd(
     conv = rowptr is not None
     rows = x1.shape[0] if conv else x2.shape[0]
     out = torch.empty(rows, spec.n_out_blocks * F, dtype=x2.dtype, device=x2.device)
-    if rows == 0 or F == 0:
+    if guard_or_false(rows == 0) or F == 0:
         return out
     x1, x2, w = x1.contiguous(), x2.contiguous(), w.contiguous()
     block, warps = _block_f(F)
@@ -109,7 +110,7 @@ def _(x1, x2, w, receivers, senders, rowptr, perm, srowptr, key):
     return x2.new_empty(rows, spec.n_out_blocks * F)
 
 
-@torch.library.custom_op("flashcart::tp_bwd", mutates_args=())
+@torch.library.triton_op("flashcart::tp_bwd", mutates_args=())
 def tp_bwd(
     go: Tensor,
     x1: Tensor,
@@ -140,7 +141,7 @@ def tp_bwd(
     block, warps = _block_f(F)
     mod = product_module(key)
     w_row = 0 if shared else w.shape[1]
-    if rows and F and (need_x2 or need_w or (need_x1 and not conv)):
+    if not guard_or_false(rows == 0) and F and (need_x2 or need_w or (need_x1 and not conv)):
         unused = go  # any tensor: pointer arguments the kernel does not read (their NEED_*/CONV flag is off)
         eblock = _next_pow2(F) if reduce_g2 else block
         TP_BWD_EDGE.launch(
@@ -176,7 +177,7 @@ def tp_bwd(
             BLOCK_F=eblock,
             DT=_DT[dt],
         )
-    if need_x1 and conv and x1.shape[0] and F:
+    if need_x1 and conv and not guard_or_false(x1.shape[0] == 0) and F:
         TP_BWD_X1_CSR.launch(
             mod,
             (x1.shape[0], _cdiv(F, block)),
@@ -362,11 +363,11 @@ def _rows_grid(n: int):
     return (_cdiv(n, _ROWS),)
 
 
-@torch.library.custom_op("flashcart::expansion_fwd", mutates_args=())
+@torch.library.triton_op("flashcart::expansion_fwd", mutates_args=())
 def expansion_fwd(u: Tensor, l_max: int) -> Tensor:
     u = u.contiguous()
     out = torch.empty(u.shape[0], (l_max + 1) ** 2, dtype=u.dtype, device=u.device)
-    if u.shape[0]:
+    if not guard_or_false(u.shape[0] == 0):
         EXPANSION_FWD.launch(
             expansion_module(l_max), _rows_grid(u.shape[0]), u_ptr=u, out_ptr=out, n=u.shape[0], BLOCK=_ROWS, DT=_DT[u.dtype]
         )
@@ -378,11 +379,11 @@ def _(u, l_max):
     return u.new_empty(u.shape[0], (l_max + 1) ** 2)
 
 
-@torch.library.custom_op("flashcart::expansion_vjp", mutates_args=())
+@torch.library.triton_op("flashcart::expansion_vjp", mutates_args=())
 def expansion_vjp(u: Tensor, g: Tensor, l_max: int) -> Tensor:
     u, g = u.contiguous(), g.contiguous()
     gu = torch.empty_like(u)
-    if u.shape[0]:
+    if not guard_or_false(u.shape[0] == 0):
         EXPANSION_VJP.launch(
             expansion_module(l_max), _rows_grid(u.shape[0]), u_ptr=u, g_ptr=g, gu_ptr=gu, n=u.shape[0], BLOCK=_ROWS, DT=_DT[u.dtype]
         )
@@ -394,13 +395,13 @@ def _(u, g, l_max):
     return torch.empty_like(u)
 
 
-@torch.library.custom_op("flashcart::expansion_second", mutates_args=())
+@torch.library.triton_op("flashcart::expansion_second", mutates_args=())
 def expansion_second(u: Tensor, g: Tensor, v: Tensor, l_max: int) -> tuple[Tensor, Tensor]:
     """``(J v, sum_p g_p H_p v)``: derivatives of ``expansion_vjp`` w.r.t. ``g`` and ``u``."""
     u, g, v = u.contiguous(), g.contiguous(), v.contiguous()
     dg = torch.empty_like(g)
     du = torch.empty_like(u)
-    if u.shape[0]:
+    if not guard_or_false(u.shape[0] == 0):
         EXPANSION_SECOND.launch(
             expansion_module(l_max),
             _rows_grid(u.shape[0]),
@@ -469,9 +470,9 @@ def _launch_grouped(a: Tensor, b: Tensor, c: Tensor, table: Tensor, key: str, ki
     the grid size comes from the key on the host, so nothing is read back or allocated.
     """
     tiles = n_tiles(key, kind, n_rows, _BM, _BN)
-    if tiles == 0:
+    if guard_or_false(tiles == 0):
         return
-    grouped_matmul[(tiles, split)](
+    traceable(grouped_matmul)[(tiles, split)](
         a_ptr=a,
         b_ptr=b,
         c_ptr=c,
@@ -497,7 +498,7 @@ def _check_table(table: Tensor, key: str, like: Tensor) -> None:
         raise ValueError(f"linear launch table on {table.device}, operands on {like.device}: move the layer with .to()")
 
 
-@torch.library.custom_op("flashcart::lin_fwd", mutates_args=())
+@torch.library.triton_op("flashcart::lin_fwd", mutates_args=())
 def lin_fwd(x: Tensor, w: Tensor, table: Tensor, key: str) -> Tensor:
     s = linear_spec(key)
     _check_table(table, key, x)
@@ -515,7 +516,7 @@ def _(x, w, table, key):
     return x.new_empty(x.shape[0], linear_spec(key).out_width)
 
 
-@torch.library.custom_op("flashcart::lin_bwd_x", mutates_args=())
+@torch.library.triton_op("flashcart::lin_bwd_x", mutates_args=())
 def lin_bwd_x(gy: Tensor, w: Tensor, table: Tensor, key: str) -> Tensor:
     s = linear_spec(key)
     _check_table(table, key, gy)
@@ -533,15 +534,15 @@ def _(gy, w, table, key):
     return gy.new_empty(gy.shape[0], linear_spec(key).in_width)
 
 
-@torch.library.custom_op("flashcart::lin_bwd_w", mutates_args=())
+@torch.library.triton_op("flashcart::lin_bwd_w", mutates_args=())
 def lin_bwd_w(gy: Tensor, x: Tensor, table: Tensor, key: str) -> Tensor:
     s = linear_spec(key)
     _check_table(table, key, gy)
     gy, x = gy.contiguous(), x.contiguous()
     n = gy.shape[0]
-    split = max(1, min(64, n // 64))
+    split = torch.sym_max(1, torch.sym_min(64, n // 64))
     gw = torch.empty(split, s.w_numel, dtype=gy.dtype, device=gy.device)
-    if n == 0:
+    if guard_or_false(n == 0):
         return gw.zero_().sum(0)
     _launch_grouped(gy, x, gw, table, key, BWD_W, n, split=split)
     return gw.sum(0)
@@ -608,8 +609,11 @@ def equivariant_linear(lin, x: Tensor) -> Tensor:
 # wrapper, which costs tens of microseconds: in a launch-bound evaluation that is a large
 # part of the wall time. Outside compilation and tracing, the same implementations and the
 # same derivative formulas run through plain autograd Functions instead; under
-# torch.compile (or any dispatch mode: fake tensors, functionalisation) the custom ops are
-# used, so compiled graphs still see opaque ops with fake implementations.
+# torch.compile (or any dispatch mode: fake tensors, functionalisation) the ops are used:
+# they are ``torch.library.triton_op``s, which graphs first record as ops (with their fake
+# implementations) and inductor then lowers to the Triton kernels they launch (their
+# launches go through ``signatures.traceable``), so compiled code and AOTInductor packages
+# contain the kernels themselves and need no Python to run them.
 
 
 def _eager_function(name: str, impl, setup, backward):

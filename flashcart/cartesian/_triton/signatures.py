@@ -53,7 +53,19 @@ class KernelSignature:
             missing, unknown = sorted(expected - values.keys()), sorted(values.keys() - expected)
             raise TypeError(f"kernel {self.name}: missing arguments {missing}, unknown arguments {unknown}")
         options = {} if num_warps is None else {"num_warps": num_warps}
-        getattr(module, self.name)[grid](**values, **options)
+        traceable(getattr(module, self.name))[grid](**values, **options)
+
+
+def traceable(kernel: Any) -> Any:
+    """``kernel`` as launched inside a ``torch.library.triton_op``: plain in eager mode; wrapped
+    with ``torch.library.wrap_triton`` under tracing (export, AOTInductor, ``torch.compile``,
+    fake tensors), so the launch is recorded as a Triton-kernel node that inductor compiles
+    into its output (an AOTInductor package then needs no Python to run the kernel)."""
+    import torch
+
+    if torch._C._len_torch_dispatch_stack() == 0 and not torch.compiler.is_compiling():
+        return kernel
+    return torch.library.wrap_triton(kernel)
 
 
 # Tensor products (one generated module per configuration, see codegen.generate_product_source).

@@ -1,0 +1,130 @@
+"""The Triton ops are ``torch.library.triton_op``s: traced graphs see their kernels.
+
+AOTInductor (``flashcart-export --format aoti`` on CUDA) and ``torch.compile`` lower a
+``triton_op`` to the Triton kernels it launches, so the compiled artifact contains the
+kernels and needs no Python to run them. These tests trace each op on fake tensors with
+dynamic row counts (as an exported graph has them: atoms and edges vary) through
+AOTAutograd's functionalisation, the step inductor starts from, and check that no opaque
+FlashCart op is left and that each launch became a Triton-kernel node whose grid follows the
+symbolic row count. No kernel runs, so this needs neither a GPU nor the interpreter.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._functorch.aot_autograd import aot_export_module
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+from flashcart.cartesian import EquivariantLinear
+from flashcart.cartesian._layout import edge_csr
+from flashcart.cartesian._triton import ops
+from flashcart.cartesian._triton.source import product_key, product_spec
+
+
+class _Call(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        out = self.fn(*args)
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def _trace(fn, *real: torch.Tensor, static: tuple[int, ...] = ()) -> torch.fx.GraphModule:
+    """``fn`` traced on fake copies of ``real`` whose first dimension is symbolic (except for
+    the arguments whose positions are in ``static``)."""
+    with FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv()) as mode:
+
+        def fake(k, t):
+            first = DimDynamic.STATIC if k in static else DimDynamic.DYNAMIC
+            sizes = [first] + [DimDynamic.STATIC] * (t.dim() - 1)
+            return mode.from_tensor(t, symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes))
+
+        graph, _ = aot_export_module(_Call(fn), tuple(fake(k, t) for k, t in enumerate(real)), trace_joint=False)
+    return graph
+
+
+def _assert_lowered(graph: torch.fx.GraphModule, kernels: int) -> None:
+    targets = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
+    assert not [t for t in targets if "flashcart" in t], "an opaque FlashCart op is left in the traced graph"
+    nodes = [n for n in graph.graph.nodes if "triton_kernel_wrapper" in str(n.target)]
+    assert len(nodes) == kernels, [str(n.target) for n in nodes]
+    for n in nodes:  # the grid follows the symbolic row count instead of the example's size
+        grid = n.kwargs["grid"][0]
+        assert any(isinstance(g, torch.fx.Node) for g in grid), grid
+
+
+@pytest.fixture(autouse=True)
+def _quiet(monkeypatch):
+    # Without a GPU Triton cannot analyse which arguments a kernel writes (it would compile the
+    # kernel for a device); the lowering then assumes all of them and warns once per kernel.
+    import logging
+
+    logging.getLogger("torch._higher_order_ops.triton_kernel_wrap").setLevel(logging.ERROR)
+
+
+@pytest.mark.parametrize("conv", [True, False])
+def test_tensor_product_and_its_backward_lower_to_kernels(conv):
+    key = product_key(2, 3, 2, False, False)
+    spec, F, n, e = product_spec(key), 4, 7, 20
+    torch.manual_seed(0)
+    receivers = torch.randint(0, n, (e,)).sort().values
+    senders = torch.randint(0, n, (e,))
+    graph_tensors = (receivers, senders, *edge_csr(receivers, senders, n)) if conv else ()
+    rows_out = n if conv else e
+    x1 = torch.randn(n if conv else e, spec.in1_comps * F)
+    x2, w = torch.randn(e, spec.in2_comps), torch.randn(e, spec.n_paths * F)
+    go = torch.randn(rows_out, spec.n_out_blocks * F)
+
+    def fn(x1, x2, w, go, *g):
+        g = g if conv else (None,) * 5
+        out = ops.tp_fwd.op(x1, x2, w, *g, key)
+        return (out, *ops.tp_bwd.op(go, x1, x2, w, *g, key, True, True, True))
+
+    # conv: forward, per-edge backward, sender-grouped backward; dense: the first two
+    _assert_lowered(_trace(fn, x1, x2, w, go, *graph_tensors), 3 if conv else 2)
+
+
+def test_expansion_ops_lower_to_kernels():
+    u = torch.nn.functional.normalize(torch.randn(11, 3), dim=1)
+    g, v = torch.randn(11, 16), torch.randn(11, 3)
+
+    def fn(u, g, v):
+        return (ops.expansion_fwd.op(u, 3), ops.expansion_vjp.op(u, g, 3), *ops.expansion_second(u, g, v, 3))
+
+    _assert_lowered(_trace(fn, u, g, v), 3)
+
+
+def test_linear_ops_lower_to_kernels():
+    lin = EquivariantLinear(2, 2, 4, 3, backend="triton")
+    x, gy = torch.randn(9, lin.in_width), torch.randn(9, lin.out_width)
+    w = torch.cat([p.detach().reshape(-1) for p in lin.weights])
+
+    def fn(x, gy, w, table):
+        key = lin.key
+        return ops.lin_fwd.op(x, w, table, key), ops.lin_bwd_x.op(gy, w, table, key), ops.lin_bwd_w.op(gy, x, table, key)
+
+    _assert_lowered(_trace(fn, x, gy, w, lin.launch_table, static=(2, 3)), 3)
+
+
+def test_fused_double_backward_lowers_to_kernels():
+    from flashcart.cartesian._triton.double_backward import tp_dbwd
+
+    key = product_key(2, 3, 2, False, False)
+    spec, F, n, e = product_spec(key), 4, 7, 20
+    torch.manual_seed(0)
+    receivers = torch.randint(0, n, (e,)).sort().values
+    senders = torch.randint(0, n, (e,))
+    csr = edge_csr(receivers, senders, n)
+    x1, x2, w = torch.randn(n, spec.in1_comps * F), torch.randn(e, spec.in2_comps), torch.randn(e, spec.n_paths * F)
+    go = torch.randn(n, spec.n_out_blocks * F)
+    gg1, gg2, ggw = torch.randn_like(x1), torch.randn_like(x2), torch.randn_like(w)
+
+    def fn(go, x1, x2, w, gg1, gg2, ggw, receivers, senders, rowptr, perm, srowptr):
+        return tp_dbwd(go, x1, x2, w, gg1, gg2, ggw, receivers, senders, rowptr, perm, srowptr, key, True, True, True, True)
+
+    # the receiver pass (d go, d x2, d w) and the sender pass (d x1)
+    _assert_lowered(_trace(fn, go, x1, x2, w, gg1, gg2, ggw, receivers, senders, *csr), 2)
