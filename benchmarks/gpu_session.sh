@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# GPU calls on a two-GPU machine (nvidia-h200-x2) that verify and measure what CPU sessions
+# built. The device tool allows 10 minutes per command, so the work comes in three parts, one
+# per call, each keeping both GPUs busy:
+#   tests    GPU 0: tests/export (CUDA .pt2 stages in subprocesses), tests/model, tests/training
+#            GPU 1: tests/cartesian, tests/data, tests/simulation, tests/integrations, tests/test_*.py
+#   measure  GPU 0: tensor-product kernel timings (fused / split / grouped / composed double
+#                   backward), kernel profile of both published models, profiler s/run
+#            GPU 1: MD vs profiler (old dynamic and captured graph engine steps), export benchmark
+#   ddp      both: DDP epoch time on 1 and 2 GPUs
+# Usage, from the repository root, with .whl carried: bash benchmarks/gpu_session.sh OUT PART
+# Each GPU writes one log per part into OUT (the device tool returns at most 8 files).
+out=${1:-/tmp/out}; part=${2:-tests}; mkdir -p "$out"
+site=$(mktemp -d); python3 -m pip install -q --no-index --no-deps --target "$site" .whl/*.whl
+export PYTHONPATH="$site:$PWD" PYTHONUNBUFFERED=1 FLASHCART_CACHE_DIR=/tmp/fc
+python3 -c "from flashcart.cartesian._backend import torch_ops; torch_ops()"
+S="n_interactions=2 correlation=3 n_hidden_feats=20 l_max_hidden_feats=2 path_reduced_product=true"
+L="n_interactions=3 correlation=3 n_hidden_feats=64 l_max_hidden_feats=2"
+T=${T_TESTS:-260}  # seconds per test directory
+
+gpu_tests() {  # GPU index, directories...
+  local gpu=$1; shift
+  for d in "$@"; do
+    paths=$d; [ "$d" = top ] && paths=$(ls tests/test_*.py)
+    echo "=== $d"
+    CUDA_VISIBLE_DEVICES=$gpu timeout "$T" python3 -m pytest -q -m gpu $paths -p no:cacheprovider --tb=short 2>&1 | tail -40
+  done
+}
+
+case $part in
+tests)
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+  gpu_tests 0 tests/export tests/model > "$out/tests_gpu0.log" 2>&1 &
+  gpu_tests 1 tests/cartesian tests/data tests/simulation tests/integrations top > "$out/tests_gpu1.log" 2>&1 &
+  wait
+  # the two-GPU NCCL test needs both GPUs
+  CUDA_VISIBLE_DEVICES=0,1 timeout 120 python3 -m pytest -q -m gpu tests/training -p no:cacheprovider --tb=short \
+    > "$out/tests_training.log" 2>&1
+  ;;
+measure)
+  (
+    export CUDA_VISIBLE_DEVICES=0
+    timeout 100 python3 benchmarks/kernels.py --features 20 64 128 --backends triton
+    timeout 80 python3 benchmarks/kernels.py --features 20 64 --out-l-max 3 --backends triton
+    for m in i2c3f20l2r i3c3f64l2; do timeout 100 python3 benchmarks/kernel_profile.py --device cuda --model $m --repeat 5; done
+    FLASHCART_FUSED_DOUBLE_BACKWARD=0 timeout 80 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r \
+      --repeat 5 --phases training --rows 12
+    for m in S L; do
+      eval "opts=\$$m"
+      for mode in eager reduce-overhead; do
+        extra="profile_phase=both profile_row_limit=1"
+        [ $mode = reduce-overhead ] && extra="$extra profile_compile_predict=true profile_compile_mode=reduce-overhead"
+        echo "=== profiler $m $mode"
+        timeout 100 bash benchmarks/profile_diamond.sh $opts $extra 2>&1 | grep -E "^\[|parameters|s/run"
+      done
+    done
+  ) > "$out/measure_gpu0.log" 2>&1 &
+  (
+    export CUDA_VISIBLE_DEVICES=1
+    for st in water diamond; do
+      echo "=== md $st reduce-overhead: old (dynamic) and captured (graph) engine steps, OpenMM also spinning"
+      timeout 150 python3 benchmarks/md_vs_profile.py --structure $st --device gpu --r-max 6 --steps 200 --repeat 20 \
+        --compile-mode reduce-overhead --step-mode dynamic graph --openmm-spin --model $S 2>&1 | grep -viE "warn"
+    done
+    echo "=== export"
+    timeout 250 python3 benchmarks/export.py --device cuda --structures water diamond --r-max 6 --repeat 50 --model $S
+  ) > "$out/measure_gpu1.log" 2>&1 &
+  wait
+  ;;
+ddp)
+  timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
+  ;;
+*)
+  echo "unknown part $part (tests, measure or ddp)"; exit 2
+  ;;
+esac
+for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done
