@@ -6,10 +6,17 @@ kernels and needs no Python to run them. These tests trace each op on fake tenso
 dynamic row counts (as an exported graph has them: atoms and edges vary) through
 AOTAutograd's functionalisation, the step inductor starts from, and check that no opaque
 FlashCart op is left and that each launch became a Triton-kernel node whose grid follows the
-symbolic row count. No kernel runs, so this needs neither a GPU nor the interpreter.
+symbolic row count. No kernel runs, so this needs neither a GPU nor the interpreter; under
+``TRITON_INTERPRET=1`` (where the kernels are interpreted functions, which cannot be traced,
+and the ops are plain custom ops) the tests run in a child process without it.
 """
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,9 +25,24 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 from flashcart.cartesian import EquivariantLinear
+from flashcart.cartesian._backend import interpreter_enabled
 from flashcart.cartesian._layout import edge_csr
 from flashcart.cartesian._triton import ops
 from flashcart.cartesian._triton.source import product_key, product_spec
+
+INTERPRETED = interpreter_enabled()
+uninterpreted = pytest.mark.skipif(INTERPRETED, reason="runs in test_without_the_interpreter's child process")
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="the tests below run in this process")
+def test_without_the_interpreter():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).resolve())]
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    # every test below ran there (only this one skipped itself)
+    assert proc.stdout.splitlines()[-1].startswith("5 passed, 1 skipped"), proc.stdout[-500:]
 
 
 class _Call(torch.nn.Module):
@@ -66,6 +88,7 @@ def _quiet(monkeypatch):
     logging.getLogger("torch._higher_order_ops.triton_kernel_wrap").setLevel(logging.ERROR)
 
 
+@uninterpreted
 @pytest.mark.parametrize("conv", [True, False])
 def test_tensor_product_and_its_backward_lower_to_kernels(conv):
     key = product_key(2, 3, 2, False, False)
@@ -88,6 +111,7 @@ def test_tensor_product_and_its_backward_lower_to_kernels(conv):
     _assert_lowered(_trace(fn, x1, x2, w, go, *graph_tensors), 3 if conv else 2)
 
 
+@uninterpreted
 def test_expansion_ops_lower_to_kernels():
     u = torch.nn.functional.normalize(torch.randn(11, 3), dim=1)
     g, v = torch.randn(11, 16), torch.randn(11, 3)
@@ -98,6 +122,7 @@ def test_expansion_ops_lower_to_kernels():
     _assert_lowered(_trace(fn, u, g, v), 3)
 
 
+@uninterpreted
 def test_linear_ops_lower_to_kernels():
     lin = EquivariantLinear(2, 2, 4, 3, backend="triton")
     x, gy = torch.randn(9, lin.in_width), torch.randn(9, lin.out_width)
@@ -110,6 +135,7 @@ def test_linear_ops_lower_to_kernels():
     _assert_lowered(_trace(fn, x, gy, w, lin.launch_table, static=(2, 3)), 3)
 
 
+@uninterpreted
 def test_fused_double_backward_lowers_to_kernels():
     from flashcart.cartesian._triton.double_backward import tp_dbwd
 

@@ -8,9 +8,25 @@ from torch import Tensor
 
 from .source import ProductSpec, product_spec
 
-__all__ = ["DT", "block_f", "cdiv", "next_pow2", "channels", "tp_shapes", "reduce_channels"]
+__all__ = ["DT", "block_f", "cdiv", "next_pow2", "channels", "tp_shapes", "reduce_channels", "kernel_op"]
 
 DT = {torch.float32: tl.float32, torch.float64: tl.float64, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+def kernel_op(name: str):
+    """Decorator registering a function that launches Triton kernels as the op ``name``.
+
+    A ``torch.library.triton_op``: graphs record the op, and torch.compile and AOTInductor lower
+    it to the kernels it launches (their launches go through ``signatures.traceable``), so
+    compiled code and ``.pt2`` packages contain the kernels and need no Python to run them.
+    Under ``TRITON_INTERPRET=1`` (the CPU test mode) the kernels are interpreted functions,
+    which cannot be traced: there the op is a plain ``torch.library.custom_op``, opaque to
+    tracing, as before.
+    """
+    from .._backend import interpreter_enabled
+
+    register = torch.library.custom_op if interpreter_enabled() else torch.library.triton_op
+    return register(name, mutates_args=())
 
 
 # Plain integer helpers: triton.cdiv / triton.next_power_of_2 are constexpr functions whose

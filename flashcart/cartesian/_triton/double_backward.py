@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
-from .common import DT, block_f, cdiv, tp_shapes
+from .common import DT, block_f, cdiv, kernel_op, tp_shapes
 from .signatures import TP_DBWD_ROW, TP_DBWD_X1_CSR
 from .source import double_backward_module
 
@@ -71,7 +71,7 @@ def _check_like(t: Optional[Tensor], like: Tensor, what: str) -> None:
         raise ValueError(f"tp_dbwd: {what} has shape {tuple(t.shape)}, expected {tuple(like.shape)} (the shape of its operand)")
 
 
-@torch.library.triton_op("flashcart::tp_dbwd", mutates_args=())
+@kernel_op("flashcart::tp_dbwd")
 def tp_dbwd(
     go: Tensor,
     x1: Tensor,

@@ -30,6 +30,7 @@ from .._linear_spec import BWD_W, BWD_X, FWD, N_COLS, linear_spec, n_tiles
 from .common import DT as _DT
 from .common import block_f as _block_f
 from .common import cdiv as _cdiv
+from .common import kernel_op
 from .common import next_pow2 as _next_pow2
 from .common import reduce_channels as _reduce_channels
 from .common import tp_shapes as _tp_shapes
@@ -56,7 +57,7 @@ FUSED_DOUBLE_BACKWARD = env_mode()[0]
 # all None in dense mode.
 
 
-@torch.library.triton_op("flashcart::tp_fwd", mutates_args=())
+@kernel_op("flashcart::tp_fwd")
 def tp_fwd(
     x1: Tensor,
     x2: Tensor,
@@ -110,7 +111,7 @@ def _(x1, x2, w, receivers, senders, rowptr, perm, srowptr, key):
     return x2.new_empty(rows, spec.n_out_blocks * F)
 
 
-@torch.library.triton_op("flashcart::tp_bwd", mutates_args=())
+@kernel_op("flashcart::tp_bwd")
 def tp_bwd(
     go: Tensor,
     x1: Tensor,
@@ -363,7 +364,7 @@ def _rows_grid(n: int):
     return (_cdiv(n, _ROWS),)
 
 
-@torch.library.triton_op("flashcart::expansion_fwd", mutates_args=())
+@kernel_op("flashcart::expansion_fwd")
 def expansion_fwd(u: Tensor, l_max: int) -> Tensor:
     u = u.contiguous()
     out = torch.empty(u.shape[0], (l_max + 1) ** 2, dtype=u.dtype, device=u.device)
@@ -379,7 +380,7 @@ def _(u, l_max):
     return u.new_empty(u.shape[0], (l_max + 1) ** 2)
 
 
-@torch.library.triton_op("flashcart::expansion_vjp", mutates_args=())
+@kernel_op("flashcart::expansion_vjp")
 def expansion_vjp(u: Tensor, g: Tensor, l_max: int) -> Tensor:
     u, g = u.contiguous(), g.contiguous()
     gu = torch.empty_like(u)
@@ -395,7 +396,7 @@ def _(u, g, l_max):
     return torch.empty_like(u)
 
 
-@torch.library.triton_op("flashcart::expansion_second", mutates_args=())
+@kernel_op("flashcart::expansion_second")
 def expansion_second(u: Tensor, g: Tensor, v: Tensor, l_max: int) -> tuple[Tensor, Tensor]:
     """``(J v, sum_p g_p H_p v)``: derivatives of ``expansion_vjp`` w.r.t. ``g`` and ``u``."""
     u, g, v = u.contiguous(), g.contiguous(), v.contiguous()
@@ -472,7 +473,7 @@ def _launch_grouped(a: Tensor, b: Tensor, c: Tensor, table: Tensor, key: str, ki
     tiles = n_tiles(key, kind, n_rows, _BM, _BN)
     if guard_or_false(tiles == 0):
         return
-    traceable(grouped_matmul)[(tiles, split)](
+    traceable(grouped_matmul, a)[(tiles, split)](
         a_ptr=a,
         b_ptr=b,
         c_ptr=c,
@@ -498,7 +499,7 @@ def _check_table(table: Tensor, key: str, like: Tensor) -> None:
         raise ValueError(f"linear launch table on {table.device}, operands on {like.device}: move the layer with .to()")
 
 
-@torch.library.triton_op("flashcart::lin_fwd", mutates_args=())
+@kernel_op("flashcart::lin_fwd")
 def lin_fwd(x: Tensor, w: Tensor, table: Tensor, key: str) -> Tensor:
     s = linear_spec(key)
     _check_table(table, key, x)
@@ -516,7 +517,7 @@ def _(x, w, table, key):
     return x.new_empty(x.shape[0], linear_spec(key).out_width)
 
 
-@torch.library.triton_op("flashcart::lin_bwd_x", mutates_args=())
+@kernel_op("flashcart::lin_bwd_x")
 def lin_bwd_x(gy: Tensor, w: Tensor, table: Tensor, key: str) -> Tensor:
     s = linear_spec(key)
     _check_table(table, key, gy)
@@ -534,7 +535,7 @@ def _(gy, w, table, key):
     return gy.new_empty(gy.shape[0], linear_spec(key).in_width)
 
 
-@torch.library.triton_op("flashcart::lin_bwd_w", mutates_args=())
+@kernel_op("flashcart::lin_bwd_w")
 def lin_bwd_w(gy: Tensor, x: Tensor, table: Tensor, key: str) -> Tensor:
     s = linear_spec(key)
     _check_table(table, key, gy)

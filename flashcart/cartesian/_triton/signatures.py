@@ -53,17 +53,20 @@ class KernelSignature:
             missing, unknown = sorted(expected - values.keys()), sorted(values.keys() - expected)
             raise TypeError(f"kernel {self.name}: missing arguments {missing}, unknown arguments {unknown}")
         options = {} if num_warps is None else {"num_warps": num_warps}
-        traceable(getattr(module, self.name))[grid](**values, **options)
+        probe = next(v for k, v in values.items() if k.endswith("_ptr"))
+        traceable(getattr(module, self.name), probe)[grid](**values, **options)
 
 
-def traceable(kernel: Any) -> Any:
-    """``kernel`` as launched inside a ``torch.library.triton_op``: plain in eager mode; wrapped
-    with ``torch.library.wrap_triton`` under tracing (export, AOTInductor, ``torch.compile``,
-    fake tensors), so the launch is recorded as a Triton-kernel node that inductor compiles
-    into its output (an AOTInductor package then needs no Python to run the kernel)."""
+def traceable(kernel: Any, probe: Any) -> Any:
+    """``kernel`` as launched inside a ``torch.library.triton_op`` (see ``common.kernel_op``): plain when it runs on real
+    tensors (eager calls, and the op's own execution); wrapped with ``torch.library.wrap_triton``
+    when ``probe`` (one of its tensor arguments) is a tracing tensor (fake, or functional in Python
+    or C++: export, AOTInductor, ``torch.compile``), so the launch is recorded as a Triton-kernel node that
+    inductor compiles into its output (an AOTInductor package then needs no Python to run it)."""
     import torch
 
-    if torch._C._len_torch_dispatch_stack() == 0 and not torch.compiler.is_compiling():
+    real = type(probe) in (torch.Tensor, torch.nn.Parameter) and not torch._is_functional_tensor(probe)  # C++ functionalisation
+    if real and not torch.compiler.is_compiling():
         return kernel
     return torch.library.wrap_triton(kernel)
 
