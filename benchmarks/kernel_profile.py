@@ -110,7 +110,7 @@ def calls(model, batch):
             p.grad = None
         out = predictor(batch, forces=True, create_graph=True)
         loss = (out["energy"] ** 2).sum() + (out["forces"] ** 2).mean()
-        loss.backward()
+        loss.backward(inputs=params)  # parameter gradients only, as the trainer and the profiler
 
     return {"inference": inference, "training": training}
 

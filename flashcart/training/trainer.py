@@ -223,6 +223,7 @@ def _train(cfg: dict[str, Any], progress: bool, ctx: Context) -> Path:
     log.info(f"model: {n_params} parameters, elements {model.elements}, device {device}, dtype {dtype}, processes {ctx.world_size}")
 
     opts = build_optimizers(model, cfg)
+    trainable = [p for p in model.parameters() if p.requires_grad]
     ema = EMA(model, cfg["ema_decay"])
     eval_model = _twin(model)
     net = distributed.wrap(model, ctx)  # averages gradients over ranks
@@ -300,7 +301,9 @@ def _train(cfg: dict[str, Any], progress: bool, ctx: Context) -> Path:
             first_bad = torch.where((first_bad < 0) & ~torch.isfinite(value), k, first_bad)
             for opt in opts:
                 opt.zero_grad(set_to_none=True)
-            loss.backward()
+            # only the parameters: the positions (a leaf of the force graph) get no gradient, so
+            # the double backward skips every term that only leads to them
+            loss.backward(inputs=trainable)
             if cfg["grad_clip_norm"] is not None:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip_norm"])
             for opt in opts:
