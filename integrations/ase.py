@@ -40,6 +40,8 @@ class FlashCartCalculator(Calculator):
         pad: pad to growing capacities (default: on when compiling).
         pad_atom_multiple, pad_edge_multiple: capacity rounding.
         add_atomic_offsets: include the per-element energy shifts in the energy.
+        step: how the engine runs a step: ``auto``, ``dynamic``, ``static`` or ``graph`` (see
+            :class:`~flashcart.simulation.Engine`).
     """
 
     implemented_properties = ["energy", "free_energy", "forces", "stress"]
@@ -55,6 +57,7 @@ class FlashCartCalculator(Calculator):
         pad_atom_multiple: int = 128,
         pad_edge_multiple: int = 128,
         add_atomic_offsets: bool = True,
+        step: str = "auto",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -69,6 +72,7 @@ class FlashCartCalculator(Calculator):
             pad_atom_multiple=pad_atom_multiple,
             pad_edge_multiple=pad_edge_multiple,
             add_atomic_offsets=add_atomic_offsets,
+            step=step,
         )
 
     def check_state(self, atoms, tol: float = 1e-15) -> list[str]:

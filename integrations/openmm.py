@@ -109,6 +109,7 @@ def create_force(
     pad_atom_multiple: int = 128,
     pad_edge_multiple: int = 128,
     add_atomic_offsets: bool = True,
+    step: str = "auto",
 ) -> openmm.PythonForce:
     """A ``PythonForce`` evaluating a FlashCart model.
 
@@ -122,7 +123,7 @@ def create_force(
         atoms: indices of the particles the model acts on (``setParticles``); ``None``: all.
         periodic: use the system's periodic box (``setUsesPeriodicBoundaryConditions``).
         device, dtype, skin (Å), compile_mode, pad, pad_atom_multiple, pad_edge_multiple,
-        add_atomic_offsets: as for :class:`~flashcart.simulation.Engine` (skin defaults to
+        add_atomic_offsets, step: as for :class:`~flashcart.simulation.Engine` (skin defaults to
         0.5 Å here: every OpenMM step moves the atoms).
     """
     numbers = np.asarray(numbers, dtype=np.int64)
@@ -144,6 +145,7 @@ def create_force(
         pad_atom_multiple=pad_atom_multiple,
         pad_edge_multiple=pad_edge_multiple,
         add_atomic_offsets=add_atomic_offsets,
+        step=step,
     )
     check = getattr(evaluator, "check_numbers", None)
     if check is not None:

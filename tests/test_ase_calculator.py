@@ -109,7 +109,9 @@ def test_padding_and_offsets_options(model):
 
 def test_padded_rebuilds_grow_capacities_with_headroom_only_when_a_list_does_not_fit(model):
     atoms = molecule("CH3CH2OH")
-    c = calc(model, pad=True, skin=0.1, pad_atom_multiple=8, pad_edge_multiple=8)
+    # the Predictor's growing capacities (the dynamic step; the static step's are tested in
+    # tests/simulation)
+    c = calc(model, pad=True, skin=0.1, pad_atom_multiple=8, pad_edge_multiple=8, step="dynamic")
     capacities = c.engine.predictor.capacities
     atoms.calc = c
     atoms.get_forces()

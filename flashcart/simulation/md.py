@@ -52,6 +52,7 @@ MD_SCHEMA: dict[str, str | tuple] = {
     "dtype": ("float32", "float64"),
     "compile_mode": (None, *COMPILE_MODES),
     "skin": "nonneg_float",
+    "engine_step": ("auto", "dynamic", "static", "graph"),
     "openmm_platform": "str?",
     "compare_profile": "bool",
     "profile_repeat": "pos_int",
@@ -301,7 +302,14 @@ def run_md(cfg: dict[str, Any], progress: bool = True, out: Callable[[str], None
 
         engine = md_evaluator(cfg, out)
     else:
-        engine = Engine(cfg["model"], device=cfg["device"], dtype=cfg["dtype"], skin=cfg["skin"], compile_mode=cfg["compile_mode"])
+        engine = Engine(
+            cfg["model"],
+            device=cfg["device"],
+            dtype=cfg["dtype"],
+            skin=cfg["skin"],
+            compile_mode=cfg["compile_mode"],
+            step=cfg["engine_step"],
+        )
     engine.check_numbers(atoms.numbers)
     if cfg["initial_velocities"]:
         rng = np.random.default_rng(cfg["seed"])
@@ -315,7 +323,8 @@ def run_md(cfg: dict[str, Any], progress: bool = True, out: Callable[[str], None
     n_atoms = len(atoms)
     out(
         f"[md] engine={cfg['engine']} ensemble={cfg['ensemble']} atoms={n_atoms} steps={cfg['steps']} timestep={cfg['timestep']} fs "
-        f"device={engine.device} dtype={cfg['dtype']} compile={cfg['compile_mode'] or 'eager'} skin={cfg['skin']} Å"
+        f"device={engine.device} dtype={cfg['dtype']} compile={cfg['compile_mode'] or 'eager'} skin={cfg['skin']} Å "
+        f"engine_step={getattr(engine, 'step', 'exported')}"
     )
     trajectory = None
     if cfg["trajectory"] is not None:
