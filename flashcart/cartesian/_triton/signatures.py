@@ -65,10 +65,11 @@ def traceable(kernel: Any, probe: Any) -> Any:
     inductor compiles into its output (an AOTInductor package then needs no Python to run it)."""
     import torch
 
-    real = type(probe) in (torch.Tensor, torch.nn.Parameter) and not torch._is_functional_tensor(probe)  # C++ functionalisation
-    if real and not torch.compiler.is_compiling():
-        return kernel
-    return torch.library.wrap_triton(kernel)
+    tracing = torch.compiler.is_compiling() or (
+        isinstance(probe, torch.Tensor)
+        and (type(probe) not in (torch.Tensor, torch.nn.Parameter) or torch._is_functional_tensor(probe))  # C++ functionalisation
+    )
+    return torch.library.wrap_triton(kernel) if tracing else kernel
 
 
 # Tensor products (one generated module per configuration, see codegen.generate_product_source).
