@@ -23,6 +23,15 @@ __all__ = ["Interaction", "Gate", "ProductBlock", "RMSNorm", "rank_channel_index
 _ACTIVATIONS = {"sigmoid": torch.sigmoid, "silu": torch.nn.functional.silu, "tanh": torch.tanh}
 
 
+def _parameters_of(plist: torch.nn.ParameterList) -> list[torch.nn.Parameter]:
+    """The parameters of ``plist`` in order: read from its ``_parameters`` dict in eager mode
+    (iterating a ``ParameterList`` costs a ``Module.__getattr__`` per item on every call)."""
+    params = plist._parameters
+    if torch.compiler.is_compiling() or len(params) != len(plist):
+        return list(plist)
+    return list(params.values())
+
+
 def rank_channel_index(l_max: int, n_feats: int) -> torch.Tensor:
     """``[layout_width(l_max, F)]`` int64: column -> ``l * F + f`` (its rank and channel).
 
@@ -53,7 +62,7 @@ class RMSNorm(torch.nn.Module):
         scale = torch.rsqrt(inv.mean(dim=1, keepdim=True).abs() + self.eps)
         y = x * scale
         if self.gains is not None:
-            y = y * torch.cat(list(self.gains)).index_select(0, self.gain_index)
+            y = y * torch.cat(_parameters_of(self.gains)).index_select(0, self.gain_index)
         return y
 
 
