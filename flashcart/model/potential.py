@@ -16,7 +16,20 @@ from ..cartesian import DirectionExpansion, edge_csr
 from ..nn.blocks import Gate, Interaction, ProductBlock
 from ..nn.radial import MLP, ChebyshevBasis, PolynomialEnvelope
 
-__all__ = ["FlashCartPotential", "MODEL_KEYS"]
+__all__ = ["FlashCartPotential", "MODEL_KEYS", "element_types"]
+
+
+def element_types(z_to_type: torch.Tensor, numbers: torch.Tensor, elements: list[str]) -> torch.Tensor:
+    """Type indices ``[N]`` of atomic numbers ``[N]`` (on ``z_to_type``'s device); atomic numbers
+    outside the periodic table and elements not in ``elements`` are errors naming them."""
+    if bool((numbers < 1).any()) or bool((numbers >= z_to_type.shape[0]).any()):
+        raise ValueError(f"atomic numbers must be in [1, {z_to_type.shape[0] - 1}], got {sorted(set(numbers.tolist()))}")
+    types = z_to_type[numbers]
+    if bool((types < 0).any()):
+        bad = sorted({chemical_symbols[int(z)] for z in numbers[types < 0].tolist()})
+        raise ValueError(f"elements {bad} are not among the model's elements {elements}")
+    return types
+
 
 # Configuration keys that define the architecture (saved with every checkpoint).
 MODEL_KEYS = (
@@ -145,11 +158,7 @@ class FlashCartPotential(torch.nn.Module):
 
     def types_from_numbers(self, numbers: torch.Tensor) -> torch.Tensor:
         """Type indices of atomic numbers; raises naming any element the model does not know."""
-        types = self.z_to_type[numbers]
-        if bool((types < 0).any()):
-            bad = sorted({chemical_symbols[int(z)] for z in numbers[types < 0].tolist()})
-            raise ValueError(f"elements {bad} are not among the model's elements {self.elements}")
-        return types
+        return element_types(self.z_to_type, numbers, self.elements)
 
     # ------------------------------------------------------------------ evaluation
 

@@ -59,7 +59,7 @@ import torch
 from ..data.batch import Batch, Structure, collate
 from ..data.neighbors import neighbor_list
 from ..model.checkpoint import load_checkpoint
-from ..model.potential import FlashCartPotential
+from ..model.potential import FlashCartPotential, element_types
 from ..model.predictor import CUDA_GRAPH_MODES, Predictor
 from ..utils.device import resolve_device
 from .evaluator import Evaluation
@@ -294,16 +294,7 @@ class Engine:
     def check_numbers(self, numbers) -> torch.Tensor:
         """Model type indices ``[N]`` of atomic numbers ``[N]``; elements the model does not know
         are an error naming them."""
-        numbers_t = torch.as_tensor(np.asarray(numbers), dtype=torch.long)
-        if bool((numbers_t < 1).any()) or bool((numbers_t >= self._z_to_type.shape[0]).any()):
-            raise ValueError(f"atomic numbers must be in [1, {self._z_to_type.shape[0] - 1}], got {sorted(set(numbers_t.tolist()))}")
-        types = self._z_to_type[numbers_t]
-        if bool((types < 0).any()):
-            from ase.data import chemical_symbols
-
-            unknown = sorted({chemical_symbols[int(z)] for z in numbers_t[types < 0]})
-            raise ValueError(f"elements {unknown} are not among the model's elements {self.elements}")
-        return types
+        return element_types(self._z_to_type, torch.as_tensor(np.asarray(numbers), dtype=torch.long), self.elements)
 
     # ------------------------------------------------------------------ internals
 

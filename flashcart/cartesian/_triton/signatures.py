@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+import torch
+
 __all__ = [
     "KernelSignature",
     "TP_FWD",
@@ -30,7 +32,7 @@ class KernelSignature:
     """Name, run-time arguments and ``tl.constexpr`` arguments of one generated kernel (in order)."""
 
     name: str
-    args: tuple[str, ...]
+    args: tuple[str, ...]  # run-time arguments; the first is a tensor (the launch's tracing probe)
     constexprs: tuple[str, ...]
 
     def header(self, indent: str = "    ") -> list[str]:
@@ -53,8 +55,7 @@ class KernelSignature:
             missing, unknown = sorted(expected - values.keys()), sorted(values.keys() - expected)
             raise TypeError(f"kernel {self.name}: missing arguments {missing}, unknown arguments {unknown}")
         options = {} if num_warps is None else {"num_warps": num_warps}
-        probe = next(v for k, v in values.items() if k.endswith("_ptr"))
-        traceable(getattr(module, self.name), probe)[grid](**values, **options)
+        traceable(getattr(module, self.name), values[self.args[0]])[grid](**values, **options)
 
 
 def traceable(kernel: Any, probe: Any) -> Any:
@@ -63,8 +64,6 @@ def traceable(kernel: Any, probe: Any) -> Any:
     when ``probe`` (one of its tensor arguments) is a tracing tensor (fake, or functional in Python
     or C++: export, AOTInductor, ``torch.compile``), so the launch is recorded as a Triton-kernel node that
     inductor compiles into its output (an AOTInductor package then needs no Python to run it)."""
-    import torch
-
     tracing = torch.compiler.is_compiling() or (
         isinstance(probe, torch.Tensor)
         and (type(probe) not in (torch.Tensor, torch.nn.Parameter) or torch._is_functional_tensor(probe))  # C++ functionalisation
