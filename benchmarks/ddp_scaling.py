@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import statistics
 import subprocess
 import sys
@@ -80,6 +81,13 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--batch", type=int, default=32, help="train_batch_size per device")
     parser.add_argument("--workdir", type=Path, default=None, help="keep data and runs here (default: a temporary directory)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=4,
+        help="OMP_NUM_THREADS of every run (the 1-device baseline too; under DDP the trainer caps a GPU process at 4 "
+        "threads, and on 2026-11-30 an uncapped baseline ran each step 20%% slower than a DDP rank); 0: unset",
+    )
     parser.add_argument("overrides", nargs="*", help="KEY=VALUE options for flashcart-train (model size etc.)")
     args = parser.parse_args()
 
@@ -110,7 +118,8 @@ def main() -> None:
         cmd = [sys.executable, "-c", TRAIN, str(data.with_suffix(".yaml")), f"output_path={out}", *common, *strategy, "--no-progress"]
         data.with_suffix(".yaml").write_text("{}\n")
         t0 = time.perf_counter()
-        res = subprocess.run(cmd, capture_output=True, text=True)
+        env = {**os.environ, **({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {})}
+        res = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if res.returncode:
             print(res.stdout[-2000:], res.stderr[-4000:])
             raise SystemExit(f"flashcart-train with {n} device(s) failed")

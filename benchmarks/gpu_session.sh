@@ -7,10 +7,13 @@
 #   measure  GPU 0: tensor-product kernel timings (fused / split / grouped / composed double
 #                   backward), kernel profile of both published models, profiler s/run
 #            GPU 1: MD vs profiler (old dynamic and captured graph engine steps), export benchmark
+#   diagnose GPU 0: which Triton op breaks when inductor inlines it (benchmarks/diagnose_inline.py)
+#            GPU 1: tests/export (the CUDA .pt2 packages inline the kernels)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
-# Usage, from the repository root, with .whl carried: bash benchmarks/gpu_session.sh OUT PART
+# Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
 # Each GPU writes one log per part into OUT (the device tool returns at most 8 files).
 out=${1:-/tmp/out}; part=${2:-tests}; mkdir -p "$out"
+ls .whl/*.whl >/dev/null 2>&1 || { echo "no wheels in .whl: name .whl in the run's carry"; exit 2; }
 site=$(mktemp -d); python3 -m pip install -q --no-index --no-deps --target "$site" .whl/*.whl
 export PYTHONPATH="$site:$PWD" PYTHONUNBUFFERED=1 FLASHCART_CACHE_DIR=/tmp/fc
 python3 -c "from flashcart.cartesian._backend import torch_ops; torch_ops()"
@@ -23,7 +26,8 @@ gpu_tests() {  # GPU index, then DIRECTORY:SECONDS pairs (the call has 10 minute
     d=${item%%:*}; t=${item##*:}
     paths=$d; [ "$d" = top ] && paths=$(ls tests/test_*.py)
     echo "=== $d (limit ${t} s)"
-    CUDA_VISIBLE_DEVICES=$gpu timeout "$t" python3 -m pytest -q -m gpu $paths -p no:cacheprovider --tb=short 2>&1 | tail -40
+    # whole log (failures with their tracebacks), without the captured debug logging
+    CUDA_VISIBLE_DEVICES=$gpu timeout "$t" python3 -m pytest -q -m gpu $paths -p no:cacheprovider -p no:logging --tb=short -rfE 2>&1
   done
 }
 
@@ -32,8 +36,9 @@ tests)
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
   # the slow ones first: CUDA .pt2 compiles (tests/export) and the kernel parity tests (tests/cartesian)
-  gpu_tests 0 tests/export:300 tests/model:110 tests/data:60 tests/simulation:60 > "$out/tests_gpu0.log" 2>&1 &
-  gpu_tests 1 tests/cartesian:380 tests/integrations:100 top:50 > "$out/tests_gpu1.log" 2>&1 &
+  # (2026-11-30: tests/cartesian took 313 s alone; tests/integrations needs more than 100 s)
+  gpu_tests 0 tests/export:240 tests/model:100 tests/integrations:200 > "$out/tests_gpu0.log" 2>&1 &
+  gpu_tests 1 tests/cartesian:360 tests/data:40 tests/simulation:40 top:50 > "$out/tests_gpu1.log" 2>&1 &
   wait
   # the two-GPU NCCL test needs both GPUs
   CUDA_VISIBLE_DEVICES=0,1 timeout 60 python3 -m pytest -q -m gpu tests/training -p no:cacheprovider --tb=short \
@@ -68,11 +73,17 @@ measure)
   ) > "$out/measure_gpu1.log" 2>&1 &
   wait
   ;;
+diagnose)
+  # which Triton op breaks when inductor inlines its kernels (GPU 0), beside the export tests (GPU 1)
+  CUDA_VISIBLE_DEVICES=0 timeout 540 python3 benchmarks/diagnose_inline.py --out "$out/diag" > "$out/diagnose.log" 2>&1 &
+  gpu_tests 1 tests/export:540 > "$out/tests_export.log" 2>&1 &
+  wait
+  ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

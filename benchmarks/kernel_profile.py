@@ -115,10 +115,17 @@ def calls(model, batch):
     return {"inference": inference, "training": training}
 
 
-def _kernel_rows(prof, repeat: int):
+def _kernel_rows(prof, repeat: int, annotations: set[str]):
+    """Launches and device time per kernel name. The device-side ranges of operator
+    annotations (``flashcart::tp_fwd`` and the like, named in ``annotations``) are left out: they
+    span their kernels, and counting both counted those kernels twice."""
     rows = collections.defaultdict(lambda: [0, 0.0])
     for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
+        if (
+            e.device_type == torch.autograd.DeviceType.CUDA
+            and e.name not in annotations
+            and not e.name.startswith(("flashcart::", "aten::"))
+        ):
             r = rows[e.name]
             r[0] += 1
             r[1] += e.device_time_total
@@ -143,7 +150,7 @@ def report(name: str, fn, device: torch.device, args, bandwidth: float | None) -
         synchronize(device)
     print(f"\n=== {name}: {args.model} on {args.structure}, {args.repeat} profiled calls, times per call")
     if cuda:
-        kernels = _kernel_rows(prof, args.repeat)
+        kernels = _kernel_rows(prof, args.repeat, set(counter.calls))
         total = sum(us for _, us in kernels.values())
         print(
             f"[kernels] {len(kernels)} kernels, {sum(n for n, _ in kernels.values()):.0f} launches, {total / 1e3:.3f} ms summed kernel time"

@@ -83,6 +83,7 @@ def collate(structures: list[Structure], z_to_type: torch.Tensor) -> Batch:
     n = torch.tensor([s.n_atoms for s in structures])
     offsets = torch.cumsum(n, 0) - n
     numbers = torch.cat([s.numbers for s in structures])
+    z_to_type = z_to_type.to(numbers.device)  # structures may have been built on the model's device
     types = z_to_type[numbers]
     if bool((types < 0).any()):
         for s in structures:

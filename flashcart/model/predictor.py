@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Iterator
@@ -94,13 +95,30 @@ def frozen_parameters(parameters: Iterable[torch.nn.Parameter]) -> Iterator[None
             p.requires_grad_(True)
 
 
+def inline_triton_ops() -> bool:
+    """Whether ``torch.compile`` lowers FlashCart's Triton ops to their kernels (``FLASHCART_INLINE_TRITON_OPS=1``).
+
+    By default compiled graphs keep each Triton op as one opaque call that launches its own
+    kernels: the inlined launches (``torch.library.triton_op`` decomposed by inductor) hit an
+    illegal memory access on the H200 (torch 2.11, 2026-11-30), not yet diagnosed
+    (``benchmarks/diagnose_inline.py``). AOTInductor packages always inline them: they must run
+    without Python.
+    """
+    return os.environ.get("FLASHCART_INLINE_TRITON_OPS", "0") == "1"
+
+
 def _compile_context(compiled: bool) -> contextlib.AbstractContextManager:
-    """Dynamo settings for a compiled call (its first call compiles): trace ``autograd.grad``."""
+    """Settings for a compiled call (its first call compiles): dynamo traces ``autograd.grad``,
+    and the Triton ops stay opaque unless :func:`inline_triton_ops`."""
     if not compiled:
         return contextlib.nullcontext()
     import torch._dynamo.config as dynamo_config
+    import torch._functorch.config as functorch_config
 
-    return dynamo_config.patch(trace_autograd_ops=True)
+    stack = contextlib.ExitStack()
+    stack.enter_context(dynamo_config.patch(trace_autograd_ops=True))
+    stack.enter_context(functorch_config.patch(decompose_custom_triton_ops=inline_triton_ops()))
+    return stack
 
 
 @dataclass

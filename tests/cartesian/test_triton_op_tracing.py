@@ -42,7 +42,7 @@ def test_without_the_interpreter():
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     # every test below ran there (only this one skipped itself)
-    assert proc.stdout.splitlines()[-1].startswith("5 passed, 1 skipped"), proc.stdout[-500:]
+    assert proc.stdout.splitlines()[-1].startswith("7 passed, 1 skipped"), proc.stdout[-500:]
 
 
 class _Call(torch.nn.Module):
@@ -154,3 +154,42 @@ def test_fused_double_backward_lowers_to_kernels():
 
     # the receiver pass (d go, d x2, d w) and the sender pass (d x1)
     _assert_lowered(_trace(fn, go, x1, x2, w, gg1, gg2, ggw, receivers, senders, *csr), 2)
+
+
+class _Captured(Exception):
+    pass
+
+
+@uninterpreted
+@pytest.mark.parametrize("inline", [False, True])
+def test_compiled_calls_keep_the_ops_opaque_unless_asked(monkeypatch, inline):
+    """Under the Predictor's compile settings, ``torch.compile`` keeps each Triton op as one
+    opaque call (inlined launches broke on the H200) unless ``FLASHCART_INLINE_TRITON_OPS=1``."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from flashcart.model.predictor import _compile_context
+
+    monkeypatch.setenv("FLASHCART_INLINE_TRITON_OPS", "1" if inline else "0")
+    key = product_key(2, 3, 2, False, False)
+    spec, F, e = product_spec(key), 4, 20
+    x1, x2, w = torch.randn(e, spec.in1_comps * F), torch.randn(e, spec.in2_comps), torch.randn(e, spec.n_paths * F)
+    graphs = []
+
+    def capture(gm, _):  # the forward graph inductor would get; stop before a kernel runs
+        graphs.append(gm)
+        raise _Captured
+
+    def fn(x1, x2, w):
+        return ops.tp_fwd.op(x1, x2, w, None, None, None, None, None, key) * 2.0
+
+    torch._dynamo.reset()
+    try:
+        with _compile_context(True), pytest.raises(torch._dynamo.exc.BackendCompilerFailed):
+            torch.compile(fn, backend=aot_autograd(fw_compiler=capture), fullgraph=True)(x1, x2, w)
+    finally:
+        torch._dynamo.reset()
+    assert graphs
+    targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    opaque = [t for t in targets if "flashcart" in t]
+    kernels = [t for t in targets if "triton_kernel_wrapper" in t]
+    assert (kernels and not opaque) if inline else (opaque and not kernels), targets
