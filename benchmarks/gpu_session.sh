@@ -47,17 +47,17 @@ tests)
 measure)
   (
     export CUDA_VISIBLE_DEVICES=0
-    # within the call's 10 minutes: about 90 + 60 + 2 x 70 + 4 x 55 s at most
+    # within the call's 10 minutes: about 90 + 60 + 2 x 120 + 4 x 45 s at most (kernels.py took 2 x ~40 s)
     timeout 90 python3 benchmarks/kernels.py --features 20 64 128 --backends triton
     timeout 60 python3 benchmarks/kernels.py --features 20 64 --out-l-max 3 --backends triton
-    for m in i2c3f20l2r i3c3f64l2; do timeout 70 python3 benchmarks/kernel_profile.py --device cuda --model $m --repeat 5; done
+    for m in i2c3f20l2r i3c3f64l2; do timeout 120 python3 benchmarks/kernel_profile.py --device cuda --model $m --repeat 5; done
     for m in S L; do
       eval "opts=\$$m"
       for mode in eager reduce-overhead; do
         extra="profile_phase=both profile_row_limit=1"
         [ $mode = reduce-overhead ] && extra="$extra profile_compile_predict=true profile_compile_mode=reduce-overhead"
         echo "=== profiler $m $mode"
-        timeout 55 bash benchmarks/profile_diamond.sh $opts $extra 2>&1 | grep -E "^\[|parameters|s/run"
+        timeout 45 bash benchmarks/profile_diamond.sh $opts $extra 2>&1 | grep -E "^\[|parameters|s/run|Error"
       done
     done
   ) > "$out/measure_gpu0.log" 2>&1 &
