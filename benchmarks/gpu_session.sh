@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # GPU calls on a two-GPU machine (nvidia-h200-x2) that verify and measure what CPU sessions
-# built. The device tool allows 10 minutes per command, so the work comes in three parts, one
-# per call, each keeping both GPUs busy:
-#   tests    GPU 0: tests/export (CUDA .pt2 stages in subprocesses), tests/model, tests/training
-#            GPU 1: tests/cartesian, tests/data, tests/simulation, tests/integrations, tests/test_*.py
+# built. The device tool allows 10 minutes per command, so the work comes in parts, one per
+# call, each keeping both GPUs busy:
+#   tests    GPU 0: tests/export (CUDA .pt2 stages in subprocesses), tests/model, tests/integrations
+#            GPU 1: tests/cartesian, tests/data, tests/simulation, tests/test_*.py
+#            then both: tests/training (NCCL)
 #   measure  GPU 0: tensor-product kernel timings (fused / split / grouped / composed double
-#                   backward), kernel profile of both published models, profiler s/run
+#                   backward), linear-map tile shapes, kernel profile of both published models, profiler s/run
 #            GPU 1: MD vs profiler (old dynamic and captured graph engine steps), export benchmark
 #   diagnose GPU 0: which Triton op breaks when inductor inlines it (benchmarks/diagnose_inline.py)
 #            GPU 1: tests/export (the CUDA .pt2 packages inline the kernels)
@@ -49,7 +50,7 @@ measure)
     export CUDA_VISIBLE_DEVICES=0
     # within the call's 10 minutes: about 90 + 60 + 2 x 120 + 4 x 45 s at most (kernels.py took 2 x ~40 s)
     timeout 90 python3 benchmarks/kernels.py --features 20 64 128 --backends triton
-    timeout 60 python3 benchmarks/kernels.py --features 20 64 --out-l-max 3 --backends triton
+    for m in i2c3f20l2r i3c3f64l2; do timeout 45 python3 benchmarks/linear_tiles.py --model $m; done  # FLASHCART_LINEAR_TILES shapes
     for m in i2c3f20l2r i3c3f64l2; do timeout 120 python3 benchmarks/kernel_profile.py --device cuda --model $m --repeat 5; done
     for m in S L; do
       eval "opts=\$$m"

@@ -140,6 +140,61 @@ def test_linear_parity(device, dispatch):
 
 @needs_triton
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tiles", ["16x16x16x1", "32x16x32x2x2", "64x64x16x4x3"])
+def test_linear_parity_for_other_tile_shapes(device, tiles, monkeypatch):
+    """FLASHCART_LINEAR_TILES shapes (several tiles per group, K steps with a masked tail, a
+    row count that is no multiple of the tile): output, input and weight gradients equal the
+    PyTorch backend's."""
+    import flashcart.cartesian._triton.ops as ops
+    from flashcart.cartesian._triton.linear_kernel import linear_tiles
+
+    monkeypatch.setattr(ops, "LINEAR_TILES", linear_tiles(tiles))
+    ref, tri = _pair(EquivariantLinear, 3, 2, 9, 20, in_paths=[2, 3, 1, 2])
+    ref, tri = ref.to(device, torch.float64), tri.to(device, torch.float64)
+    x = torch.randn(37, ref.in_width, dtype=torch.float64, device=device)
+    gy = torch.randn(37, ref.out_width, dtype=torch.float64, device=device)
+    results = []
+    for m in (ref, tri):
+        xi = x.clone().requires_grad_()
+        y = m(xi)
+        grads = torch.autograd.grad(y, [xi, *m.weights], gy)
+        results.append((y, *grads))
+    for a, b in zip(*results):
+        assert_close(b, a, 1e-12, "linear map with other tiles")
+
+
+@pytest.mark.skipif(not triton_available(), reason="needs triton")
+def test_linear_kernel_compiles_for_sm90_without_spills():
+    """The grouped matmul compiled for sm_90 (bundled ptxas, no GPU, a process without
+    TRITON_INTERPRET) keeps its default float32 tile in registers: with 64-bit index division
+    it used 255 registers and spilled 112 bytes."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    args = ["--linear-tiles", "32x32x32x4", "64x64x32x4x3:tf32x3"]
+    run = subprocess.run(
+        [sys.executable, "-m", "flashcart.cartesian._triton.compile_check", *args], env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = [line for line in run.stdout.splitlines() if line.startswith("linear")]
+    assert len(lines) == 2 and all("STACK:0 " in line + " " and "LOCAL:0" in line for line in lines), run.stdout
+
+
+def test_linear_tiles_setting_is_checked():
+    from flashcart.cartesian._triton.linear_kernel import LinearTiles, linear_tiles
+
+    assert linear_tiles("") == LinearTiles(32, 32, 32, 4, None)
+    assert linear_tiles("64x32x16x8x3") == LinearTiles(64, 32, 16, 8, 3)
+    assert linear_tiles("64x32x16:tf32x3") == LinearTiles(64, 32, 16, 4, None, "tf32x3")
+    for bad in ("32x32", "24x32x32", "8x32x32", "32x32x32x3", "axbxc", "32x32x32x4x0", "32x32x32:tf32"):
+        with pytest.raises(ValueError, match="FLASHCART_LINEAR_TILES"):
+            linear_tiles(bad)
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
 def test_triton_gradcheck_and_gradgradcheck(device, dispatch):
     # the interpreter is slow: random-projection (fast-mode) checks there, full checks on CUDA
     fast = device == "cpu"

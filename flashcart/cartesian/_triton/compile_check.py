@@ -94,13 +94,58 @@ def resource_usage(key: str, dtype: str = "fp32", block_f: int = 64, dbwd_only: 
     return report
 
 
+def linear_resource_usage(tiles: list[str], dtype: str = "fp32", n_groups: int = 3) -> dict[str, str]:
+    """``{tile shape: resource usage}`` of the grouped matmul compiled for sm_90, for each
+    ``FLASHCART_LINEAR_TILES`` value in ``tiles``."""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise RuntimeError("compile_check needs TRITON_INTERPRET unset (the interpreter replaces @triton.jit)")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from .._linear_spec import N_COLS
+    from .linear_kernel import grouped_matmul, linear_tiles
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    report = {}
+    for raw in tiles:
+        t = linear_tiles(raw)
+        signature = {
+            "a_ptr": f"*{dtype}",
+            "b_ptr": f"*{dtype}",
+            "c_ptr": f"*{dtype}",
+            "table_ptr": "*i64",
+            "n_rows": "i32",
+            "c_split_stride": "i32",
+        }
+        constexprs = dict(
+            N_GROUPS=n_groups, NCOL=N_COLS, BM=t.bm, BN=t.bn, BK=t.bk, USE_DOT=dtype != "fp64", SPLIT=1, PRECISION=t.precision
+        )
+        signature |= {c: "constexpr" for c in constexprs}
+        src = ASTSource(fn=grouped_matmul, signature=signature, constexprs=constexprs)
+        options = {"num_warps": t.warps} | ({} if t.stages is None else {"num_stages": t.stages})
+        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
+            fh.write(kernel.asm["cubin"])
+            fh.flush()
+            usage = subprocess.run([str(tool), "--dump-resource-usage", fh.name], capture_output=True, text=True, check=True).stdout
+        line = next(s for s in usage.splitlines() if "REG:" in s)
+        report[raw or "default"] = " ".join(f for f in line.split() if f.split(":")[0] in ("REG", "STACK", "LOCAL"))
+    return report
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--key", default="2,3,2,0,0", help="product configuration l1,l2,lout,symmetric,reduce")
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "fp64"])
     parser.add_argument("--block-f", type=int, default=64)
     parser.add_argument("--dbwd-only", action="store_true", help="only the fused double-backward kernels")
+    parser.add_argument("--linear-tiles", nargs="+", help="compile the grouped matmul with these FLASHCART_LINEAR_TILES values instead")
     args = parser.parse_args(argv)
+    if args.linear_tiles:
+        for label, usage in linear_resource_usage(args.linear_tiles, args.dtype).items():
+            print(f"linear {label:25s} {usage}")
+        return
     for label, usage in resource_usage(args.key, args.dtype, args.block_f, args.dbwd_only).items():
         print(f"{label:32s} {usage}")
 

@@ -15,10 +15,59 @@ gradients reduce over all rows.
 
 from __future__ import annotations
 
+import os
+from typing import NamedTuple
+
 import triton
 import triton.language as tl
 
 from .._linear_spec import COLUMN, OPERAND_FIELDS
+
+_TILES_ENV = "FLASHCART_LINEAR_TILES"
+
+
+class LinearTiles(NamedTuple):
+    """Tile shape and launch options of :func:`grouped_matmul`: ``bm x bn`` outputs per
+    program, ``bk`` of the reduction per step, ``warps`` warps, ``stages`` software-pipeline
+    stages (``None``: Triton's default), and the ``tl.dot`` precision of float32 operands
+    (``ieee``: FP32 arithmetic, the default; ``tf32x3``: three TF32 tensor-core products whose
+    sum keeps about FP32 accuracy)."""
+
+    bm: int = 32
+    bn: int = 32
+    bk: int = 32
+    warps: int = 4
+    stages: int | None = None
+    precision: str = "ieee"
+
+
+_PRECISIONS = ("ieee", "tf32x3")
+
+
+def linear_tiles(raw: str | None = None) -> LinearTiles:
+    """The tiles of ``FLASHCART_LINEAR_TILES`` (``BMxBNxBK[xWARPS[xSTAGES]][:PRECISION]``,
+    default ``32x32x32x4:ieee``); sizes are powers of two of at least 16 (``tl.dot``'s
+    smallest); ``PRECISION`` is ``ieee`` or ``tf32x3``."""
+    raw = os.environ.get(_TILES_ENV, "") if raw is None else raw
+    if not raw:
+        return LinearTiles()
+    shape, _, precision = raw.lower().partition(":")
+    precision = precision or "ieee"
+    try:
+        values = [int(v) for v in shape.split("x")]
+    except ValueError:
+        values = []
+    if precision not in _PRECISIONS:
+        values = []
+    ok = 3 <= len(values) <= 5 and all(v >= 16 and v & (v - 1) == 0 for v in values[:3])
+    ok = ok and all(v >= 1 for v in values[3:]) and (len(values) < 4 or values[3] & (values[3] - 1) == 0)
+    if not ok:
+        raise ValueError(
+            f"environment variable {_TILES_ENV} must be BMxBNxBK[xWARPS[xSTAGES]][:PRECISION] with BM, BN, BK powers "
+            f"of two >= 16, WARPS a power of two and PRECISION one of {', '.join(_PRECISIONS)}, got {raw!r}"
+        )
+    return LinearTiles(*values, precision=precision)
+
 
 # Column positions, derived from the column names of the table builder (``_linear_spec``).
 _M_MUL = tl.constexpr(COLUMN["m_mul"])
@@ -43,7 +92,8 @@ if any(COLUMN[f"{x}_{f}"] != COLUMN[f"{x}_off"] + i for x in "abc" for i, f in e
 
 
 @triton.jit
-def _addr(tab, base: tl.constexpr, i, j):
+def _descriptor(tab, base: tl.constexpr):
+    """The seven fields of one operand descriptor (loaded once per program)."""
     off = tl.load(tab + base + _OFF)
     di = tl.load(tab + base + _DI)
     si_hi = tl.load(tab + base + _SI_HI)
@@ -51,7 +101,19 @@ def _addr(tab, base: tl.constexpr, i, j):
     dj = tl.load(tab + base + _DJ)
     sj_hi = tl.load(tab + base + _SJ_HI)
     sj_lo = tl.load(tab + base + _SJ_LO)
-    return off + (i // di) * si_hi + (i % di) * si_lo + (j // dj) * sj_hi + (j % dj) * sj_lo
+    return off, di, si_hi, si_lo, dj, sj_hi, sj_lo
+
+
+@triton.jit
+def _part(idx, d, s_hi, s_lo):
+    """The offset of index ``idx`` along one matrix axis: ``(idx // d) * s_hi + (idx % d) * s_lo``.
+
+    The division runs in 32 bits (indices are below 2**31: a matrix side is at most rows x 7
+    components), the offset in 64 bits; 64-bit division is a long software sequence on GPUs."""
+    i32 = idx.to(tl.int32)
+    d32 = d.to(tl.int32)
+    q = i32 // d32
+    return q.to(tl.int64) * s_hi + (i32 - q * d32).to(tl.int64) * s_lo
 
 
 @triton.jit(do_not_specialize=["n_rows"])
@@ -69,6 +131,7 @@ def grouped_matmul(
     BK: tl.constexpr,
     USE_DOT: tl.constexpr,
     SPLIT: tl.constexpr,
+    PRECISION: tl.constexpr = "ieee",
 ):
     pid = tl.cast(tl.program_id(0), tl.int64)
     split = tl.cast(tl.program_id(1), tl.int64)
@@ -101,15 +164,21 @@ def grouped_matmul(
     k_chunk = ((k_size + SPLIT - 1) // SPLIT + BK - 1) // BK * BK
     k_lo = split * k_chunk
     k_hi = tl.minimum(k_lo + k_chunk, k_size)
+    # the operand descriptors and the row (A) / column (B) parts of the addresses do not change
+    # along K: computed once, not per K step
+    a_off0, a_di, a_si_hi, a_si_lo, a_dj, a_sj_hi, a_sj_lo = _descriptor(tab, _A)
+    b_off0, b_di, b_si_hi, b_si_lo, b_dj, b_sj_hi, b_sj_lo = _descriptor(tab, _B)
+    a_rows = a_off0 + _part(rm, a_di, a_si_hi, a_si_lo)  # [BM]
+    b_cols = b_off0 + _part(rn, b_dj, b_sj_hi, b_sj_lo)  # [BN]
     for k0 in range(k_lo, k_hi, BK):
         rk = k0 + tl.arange(0, BK)
         k_mask = rk < k_hi
-        a_off = _addr(tab, _A, rm[:, None], rk[None, :])
-        b_off = _addr(tab, _B, rk[:, None], rn[None, :])
+        a_off = a_rows[:, None] + _part(rk, a_dj, a_sj_hi, a_sj_lo)[None, :]
+        b_off = _part(rk, b_di, b_si_hi, b_si_lo)[:, None] + b_cols[None, :]
         a = tl.load(a_ptr + a_off, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         b = tl.load(b_ptr + b_off, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
         if USE_DOT:
-            acc += tl.dot(a, b, input_precision="ieee")
+            acc += tl.dot(a, b, input_precision=PRECISION)
         else:
             acc += tl.sum(a[:, :, None] * b[None, :, :], axis=1)
     # 1 / sqrt(fan), correctly rounded (0 for a rank without paths)
@@ -120,5 +189,6 @@ def grouped_matmul(
         s32 = tl.div_rn(tl.full([], 1.0, tl.float32), tl.sqrt_rn(tl.cast(fan1, tl.float32)))
         scale = tl.cast(s32, c_ptr.dtype.element_ty)
     scale = tl.where(fan > 0, scale, tl.zeros_like(scale))
-    c_off = _addr(tab, _C, rm[:, None], rn[None, :])
+    c_off0, c_di, c_si_hi, c_si_lo, c_dj, c_sj_hi, c_sj_lo = _descriptor(tab, _C)
+    c_off = c_off0 + _part(rm, c_di, c_si_hi, c_si_lo)[:, None] + _part(rn, c_dj, c_sj_hi, c_sj_lo)[None, :]
     tl.store(c_ptr + split * c_split_stride + c_off, acc * scale, mask=m_mask[:, None] & n_mask[None, :])

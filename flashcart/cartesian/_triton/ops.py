@@ -36,7 +36,7 @@ from .common import reduce_channels as _reduce_channels
 from .common import tp_shapes as _tp_shapes
 from .double_backward import env_mode, fused_outputs
 from .double_backward import tp_dbwd as _tp_dbwd_op
-from .linear_kernel import grouped_matmul
+from .linear_kernel import grouped_matmul, linear_tiles
 from .signatures import EXPANSION_FWD, EXPANSION_SECOND, EXPANSION_VJP, TP_BWD_EDGE, TP_BWD_X1_CSR, TP_FWD, traceable
 from .source import expansion_module, product_key, product_module
 
@@ -461,7 +461,9 @@ def direction_expansion(u: Tensor, l_max: int) -> Tensor:
 # equivariant linear maps
 # ---------------------------------------------------------------------------------------
 
-_BM = _BN = _BK = 32
+# Tiles of the grouped matmul (FLASHCART_LINEAR_TILES, read at import; benchmarks/linear_tiles.py
+# assigns the module attribute to compare shapes in one process).
+LINEAR_TILES = linear_tiles()
 
 
 def _launch_grouped(a: Tensor, b: Tensor, c: Tensor, table: Tensor, key: str, kind: int, n_rows: int, split: int = 1) -> None:
@@ -470,9 +472,11 @@ def _launch_grouped(a: Tensor, b: Tensor, c: Tensor, table: Tensor, key: str, ki
     ``table`` is the layer's launch table (``[3, groups, N_COLS]``, on the operands' device);
     the grid size comes from the key on the host, so nothing is read back or allocated.
     """
-    tiles = n_tiles(key, kind, n_rows, _BM, _BN)
+    t = LINEAR_TILES
+    tiles = n_tiles(key, kind, n_rows, t.bm, t.bn)
     if guard_or_false(tiles == 0):
         return
+    options = {"num_warps": t.warps} if t.stages is None else {"num_warps": t.warps, "num_stages": t.stages}
     traceable(grouped_matmul, a)[(tiles, split)](
         a_ptr=a,
         b_ptr=b,
@@ -482,12 +486,13 @@ def _launch_grouped(a: Tensor, b: Tensor, c: Tensor, table: Tensor, key: str, ki
         c_split_stride=c.shape[-1] if split > 1 else 0,
         N_GROUPS=table.shape[1],
         NCOL=N_COLS,
-        BM=_BM,
-        BN=_BN,
-        BK=_BK,
+        BM=t.bm,
+        BN=t.bn,
+        BK=t.bk,
         USE_DOT=c.dtype != torch.float64 or not c.is_cuda,
         SPLIT=split,
-        num_warps=4,
+        PRECISION=t.precision,
+        **options,
     )
 
 

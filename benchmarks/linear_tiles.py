@@ -1,0 +1,99 @@
+"""Tile shapes of the linear maps' grouped matmul (``FLASHCART_LINEAR_TILES``), on CUDA.
+
+The H200 kernel profile of 2026-11-30 found the linear maps compute-bound at about 2 % of
+the FP32 peak (half the kernel time of i3c3f64l2), and compiling the kernel for sm_90 shows
+the default 32x32x32 tile spilling registers. This times every linear map of a published
+model at the rows of the 1000-atom diamond cell, forward and input gradient (the two a force
+call runs), for each tile shape, checks each result against the default tile's, and prints
+the summed time and the FP32 rate.
+
+    python benchmarks/linear_tiles.py --model i3c3f64l2
+    python benchmarks/linear_tiles.py --model i2c3f20l2r --tiles 32x32x32x4 32x32x16x4x2
+
+Protocol: float32, TF32 off, warm-up excluded, CUDA synchronised (``triton.testing.do_bench``,
+median).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import triton
+
+from flashcart.cartesian import EquivariantLinear
+from flashcart.cartesian._linear_spec import COLUMN
+from flashcart.cartesian._triton import ops
+from flashcart.cartesian._triton.linear_kernel import linear_tiles
+from flashcart.model.potential import FlashCartPotential
+
+MODELS = {
+    "i2c3f20l2r": dict(n_interactions=2, correlation=3, n_hidden_feats=20, l_max_hidden_feats=2, path_reduced_product=True),
+    "i3c3f64l2": dict(n_interactions=3, correlation=3, n_hidden_feats=64, l_max_hidden_feats=2),
+}
+TILES = ["32x32x32x4", "32x32x16x4x2", "64x32x16x4x2", "64x64x16x4x2", "64x64x32x4x3", "128x64x32x8x3", "64x128x32x8x3"]
+
+
+def flops(lin: EquivariantLinear, rows: int) -> int:
+    """Multiply-adds x 2 of the forward (the input gradient costs the same)."""
+    total = 0
+    for r in lin.launch_table[0].tolist():
+        m = r[COLUMN["m_mul"]] * rows + r[COLUMN["m_const"]]
+        k = r[COLUMN["k_mul"]] * rows + r[COLUMN["k_const"]]
+        total += 2 * m * r[COLUMN["n_size"]] * k
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="i3c3f64l2", choices=list(MODELS))
+    parser.add_argument("--rows", type=int, default=1000, help="atoms (rows of the node features)")
+    parser.add_argument("--tiles", nargs="+", default=TILES)
+    parser.add_argument("--device", default="cuda", help="cuda; cpu only to smoke-test the script under TRITON_INTERPRET=1")
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model = FlashCartPotential(["C"], avg_neighbors=20.0, use_triton=True, **MODELS[args.model]).to(args.device)
+    maps = [m for m in model.modules() if isinstance(m, EquivariantLinear)]
+    g = torch.Generator(device=args.device).manual_seed(0)
+    cases = []
+    for lin in maps:
+        w = torch.cat([p.detach().reshape(-1) for p in lin.weights])
+        x = torch.randn(args.rows, lin.in_width, device=args.device, generator=g)
+        gy = torch.randn(args.rows, lin.out_width, device=args.device, generator=g)
+        cases.append((lin, w, x, gy))
+    total_flop = 2 * sum(flops(lin, args.rows) for lin, *_ in cases)
+    print(f"{args.model}: {len(maps)} linear maps, {args.rows} rows, {total_flop / 1e9:.2f} GFLOP (forward + input gradient)")
+
+    def run():
+        return [
+            (ops.lin_fwd.op(x, w, lin.launch_table, lin.key), ops.lin_bwd_x.op(gy, w, lin.launch_table, lin.key)) for lin, w, x, gy in cases
+        ]
+
+    cuda = args.device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    reference = None
+    print(f"{'tiles':<16} {'ms':>8} {'TFLOP/s':>8} {'max rel. diff':>14}")
+    for raw in args.tiles:
+        ops.LINEAR_TILES = linear_tiles(raw)
+        try:
+            out = run()
+            sync()
+        except Exception as exc:  # a shape that does not compile or launch: report and go on
+            print(f"{raw:<16} failed: {type(exc).__name__}: {str(exc)[:120]}")
+            continue
+        if reference is None:
+            reference = out
+        diff = max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-30)) for pa, pb in zip(out, reference) for a, b in zip(pa, pb))
+        if cuda:
+            ms = triton.testing.do_bench(run, warmup=25, rep=200, return_mode="median")
+        else:
+            t0 = time.perf_counter()
+            run()
+            ms = (time.perf_counter() - t0) * 1e3
+        print(f"{raw:<16} {ms:>8.3f} {total_flop / (ms * 1e-3) / 1e12:>8.2f} {diff:>14.2e}")
+
+
+if __name__ == "__main__":
+    main()
