@@ -2,7 +2,7 @@
 
 On the H200 (torch 2.11, 2026-11-30) ``torch.compile`` with the Triton ops decomposed into
 their kernel launches (``torch.library.triton_op``) ended in an illegal memory access, and so
-did the CUDA AOTInductor package; the opaque ops (the Predictor's default since) did not. Each
+did the CUDA AOTInductor package; opaque ops (the Predictor's default since) had passed there. Each
 case below compiles one op, or one op fed by a layout inductor may choose differently from
 eager (a slice, a concatenation), with inductor and ``FLASHCART_INLINE_TRITON_OPS=1``,
 compares it with the eager op in float64 at two sizes (one dynamic graph), and runs in its own process with
