@@ -39,7 +39,9 @@ OPERAND_FIELDS = ("off", "di", "si_hi", "si_lo", "dj", "sj_hi", "sj_lo")
 COLUMNS = ("m_mul", "m_const", "n_size", "k_mul", "k_const", "fan") + tuple(f"{x}_{f}" for x in "abc" for f in OPERAND_FIELDS)
 COLUMN = {name: i for i, name in enumerate(COLUMNS)}
 N_COLS = len(COLUMNS)
-BIG = 1 << 62  # a divisor no index reaches
+# A divisor no index reaches. The kernel divides in 32 bits (grouped_matmul's _part), so every
+# divisor must fit in int32: matrix sides (rows x components) stay below 2**30.
+BIG = 1 << 30
 
 
 class LinearSpec:

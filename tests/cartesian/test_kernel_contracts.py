@@ -69,6 +69,17 @@ def test_launch_table_columns_are_named_once_and_decode_by_name():
     assert spec.n_tiles(key, spec.FWD, 100, 32, 32) == -(-100 // 32) + -(-300 // 32)
 
 
+def test_linear_table_divisors_fit_the_kernels_32_bit_division():
+    """grouped_matmul divides indices in 32 bits: a divisor of 2**62 became 0 there (the
+    interpreter's division by zero happened to give the right offsets; a GPU's does not)."""
+    for key in (spec.linear_key(2, 2, 4, 4, [2, 1, 3]), spec.linear_key(3, 2, 9, 20, [2, 3, 1, 2])):
+        for kind in spec.launch_rows(key):
+            for row in kind:
+                for x in "abc":
+                    for f in ("di", "dj"):
+                        assert 0 < row[spec.COLUMN[f"{x}_{f}"]] < 2**31, (key, x, f)
+
+
 def test_linear_kernel_reads_the_named_columns():
     from flashcart.cartesian._triton import linear_kernel as k
 
