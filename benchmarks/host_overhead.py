@@ -52,19 +52,18 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kernel_profile import MODELS as KERNEL_PROFILE_MODELS  # noqa: E402  (this script's folder)
+from kernel_profile import calls as kernel_profile_calls  # noqa: E402
+
 from flashcart.cartesian._triton import ops, signatures  # noqa: E402
 from flashcart.config import load_config  # noqa: E402
 from flashcart.data.batch import collate  # noqa: E402
 from flashcart.data.dataset import structure_from_atoms  # noqa: E402
 from flashcart.model.potential import FlashCartPotential  # noqa: E402
-from flashcart.model.predictor import Predictor  # noqa: E402
 from flashcart.utils.io import atomic_write_text  # noqa: E402
 
-# The published models' options (docs/model.md; the same lists as benchmarks/kernel_profile.py).
-MODELS = {
-    "i2c3f20l2r": ["n_interactions=2", "correlation=3", "n_hidden_feats=20", "l_max_hidden_feats=2", "path_reduced_product=true"],
-    "i3c3f64l2": ["n_interactions=3", "correlation=3", "n_hidden_feats=64", "l_max_hidden_feats=2"],
-}
+# The published models (kernel_profile.MODELS also has a tiny one for quick checks).
+MODELS = {k: v for k, v in KERNEL_PROFILE_MODELS.items() if k != "tiny"}
 R_MAX = 6.0
 
 
@@ -184,21 +183,9 @@ def build(model_name: str, structure_name: str):
 
 
 def calls(model, batch) -> dict:
-    """The two measured calls, as ``benchmarks/kernel_profile.py`` and the profiler make them."""
-    predictor = Predictor(model, compile=False, pad=False)
-    params = [p for p in model.parameters() if p.requires_grad]
-
-    def force():
-        predictor(batch, forces=True)
-
-    def train():
-        for p in params:
-            p.grad = None
-        out = predictor(batch, forces=True, create_graph=True)
-        loss = (out["energy"] ** 2).sum() + (out["forces"] ** 2).mean()
-        loss.backward(inputs=params)
-
-    return {"force": force, "train": train}
+    """The two measured calls, the same as ``benchmarks/kernel_profile.py`` makes them."""
+    measured = kernel_profile_calls(model, batch)
+    return {"force": measured["inference"], "train": measured["training"]}
 
 
 def best_us(fn, rounds: int, per_round: int, warmup: int) -> float:

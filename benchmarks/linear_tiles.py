@@ -21,17 +21,15 @@ import time
 
 import torch
 import triton
+from kernel_profile import MODELS  # this script's folder: the published models' options
 
 from flashcart.cartesian import EquivariantLinear
 from flashcart.cartesian._linear_spec import COLUMN
 from flashcart.cartesian._triton import ops
 from flashcart.cartesian._triton.linear_kernel import linear_tiles
+from flashcart.config import load_config
 from flashcart.model.potential import FlashCartPotential
 
-MODELS = {
-    "i2c3f20l2r": dict(n_interactions=2, correlation=3, n_hidden_feats=20, l_max_hidden_feats=2, path_reduced_product=True),
-    "i3c3f64l2": dict(n_interactions=3, correlation=3, n_hidden_feats=64, l_max_hidden_feats=2),
-}
 TILES = ["32x32x32x4", "32x32x16x4x2", "64x32x16x4x2", "64x64x16x4x2", "64x64x32x4x3", "128x64x32x8x3", "64x128x32x8x3"]
 
 
@@ -54,7 +52,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    model = FlashCartPotential(["C"], avg_neighbors=20.0, use_triton=True, **MODELS[args.model]).to(args.device)
+    model = FlashCartPotential.from_config(load_config(overrides=[*MODELS[args.model], "use_triton=true"]), ["C"]).to(args.device)
     maps = [m for m in model.modules() if isinstance(m, EquivariantLinear)]
     g = torch.Generator(device=args.device).manual_seed(0)
     cases = []

@@ -86,12 +86,15 @@ def _load_inputs(lines, paths, indent, a_ptr="pa", b_ptr="pb", need_a=True, need
                 lines.append(indent + _load(f"b{l}_{j}", b_ptr, f"{l * l + j} * F2C", "f2"))
 
 
-def _fwd(paths, offsets, n_out) -> list[str]:
-    L = TP_FWD.header(_I)
-    I, II = _I, _I * 2
-    L += [
+def receiver_prologue(I: str) -> list[str]:
+    """Opening lines of a kernel with one program per output row (a receiver's edge range
+    ``start:end`` of ``rowptr`` in convolution mode, the row itself in dense mode) and channel
+    block ``pf``: ``f`` channels, ``fm`` their mask, ``f1``/``f2`` the input channels."""
+    II = I * 2
+    return [
         f"{I}row = tl.cast(tl.program_id(0), tl.int64)",
-        f"{I}f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)",
+        f"{I}pf = tl.program_id(1)",
+        f"{I}f = pf * BLOCK_F + tl.arange(0, BLOCK_F)",
         f"{I}fm = f < F",
         f"{I}f1 = f * F1S",
         f"{I}f2 = f * F2S",
@@ -102,6 +105,26 @@ def _fwd(paths, offsets, n_out) -> list[str]:
         f"{II}start = row",
         f"{II}end = row + 1",
     ]
+
+
+def sender_prologue(I: str) -> list[str]:
+    """Opening lines of a kernel with one program per sender ``j`` (its edges ``start:end`` of
+    ``srowptr``) and channel block ``pf``."""
+    return [
+        f"{I}j = tl.cast(tl.program_id(0), tl.int64)",
+        f"{I}pf = tl.program_id(1)",
+        f"{I}f = pf * BLOCK_F + tl.arange(0, BLOCK_F)",
+        f"{I}fm = f < F",
+        f"{I}f2 = f * F2S",
+        f"{I}start = tl.load(srowptr_ptr + j)",
+        f"{I}end = tl.load(srowptr_ptr + j + 1)",
+    ]
+
+
+def _fwd(paths, offsets, n_out) -> list[str]:
+    L = TP_FWD.header(_I)
+    I, II = _I, _I * 2
+    L += receiver_prologue(I)
     L += [f"{I}acc{k} = tl.zeros([BLOCK_F], dtype=DT)" for k in range(n_out)]
     L += [
         f"{I}for e in range(start, end):",
@@ -207,14 +230,7 @@ def _grad_block(paths, attr, indent, ptr, vjp, l_max, reduce_flag=None) -> list[
 def _bwd_x1_csr(paths, offsets, n_out, in1_l_max) -> list[str]:
     L = TP_BWD_X1_CSR.header(_I)
     I, II = _I, _I * 2
-    L += [
-        f"{I}j = tl.cast(tl.program_id(0), tl.int64)",
-        f"{I}f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)",
-        f"{I}fm = f < F",
-        f"{I}f2 = f * F2S",
-        f"{I}start = tl.load(srowptr_ptr + j)",
-        f"{I}end = tl.load(srowptr_ptr + j + 1)",
-    ]
+    L += sender_prologue(I)
     ranks = _ranks(paths, "l1")
     for l in ranks:
         for i in range(2 * l + 1):

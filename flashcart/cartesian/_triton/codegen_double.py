@@ -35,7 +35,7 @@ from __future__ import annotations
 from .._codegen_torch import bilinear_lines
 from .._expressions import product_table, product_vjp_a_table, product_vjp_b_table
 from .._paths import Path
-from .codegen import _I, _lit, _load, _ranks, out_offsets
+from .codegen import _I, _lit, _load, _ranks, out_offsets, receiver_prologue, sender_prologue
 from .signatures import TP_DBWD_ROW, TP_DBWD_X1_CSR
 
 __all__ = ["generate_double_backward_source", "row_groups"]
@@ -237,19 +237,8 @@ def row_groups(paths) -> list[list[int]]:
 def _row_kernel(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
     I, II = _I, _I * 2
     L = TP_DBWD_ROW.header(I)
+    L += receiver_prologue(I)
     L += [
-        f"{I}row = tl.cast(tl.program_id(0), tl.int64)",
-        f"{I}pf = tl.program_id(1)",
-        f"{I}f = pf * BLOCK_F + tl.arange(0, BLOCK_F)",
-        f"{I}fm = f < F",
-        f"{I}f1 = f * F1S",
-        f"{I}f2 = f * F2S",
-        f"{I}if CONV:",
-        f"{II}start = tl.load(rowptr_ptr + row)",
-        f"{II}end = tl.load(rowptr_ptr + row + 1)",
-        f"{I}else:",
-        f"{II}start = row",
-        f"{II}end = row + 1",
         # convolution mode can split the paths by output rank over grid axis 2: each program
         # holds the output cotangent and accumulators of one rank only (fewer registers); the
         # input-2 result is then a partial sum per group (column block ``group``)
@@ -267,15 +256,7 @@ def _row_kernel(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
 def _x1_csr_kernel(paths, offsets, n_out, in1_l_max) -> list[str]:
     I, II, III = _I, _I * 2, _I * 3
     L = TP_DBWD_X1_CSR.header(I)
-    L += [
-        f"{I}j = tl.cast(tl.program_id(0), tl.int64)",
-        f"{I}pf = tl.program_id(1)",
-        f"{I}f = pf * BLOCK_F + tl.arange(0, BLOCK_F)",
-        f"{I}fm = f < F",
-        f"{I}f2 = f * F2S",
-        f"{I}start = tl.load(srowptr_ptr + j)",
-        f"{I}end = tl.load(srowptr_ptr + j + 1)",
-    ]
+    L += sender_prologue(I)
     ranks1 = _ranks(paths, "l1")
     L += _zeros(I, "g", ranks1)
     L += [
