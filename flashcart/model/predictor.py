@@ -104,7 +104,10 @@ def inline_triton_ops() -> bool:
     (``benchmarks/diagnose_inline.py``). AOTInductor packages always inline them: they must run
     without Python.
     """
-    return os.environ.get("FLASHCART_INLINE_TRITON_OPS", "0") == "1"
+    raw = os.environ.get("FLASHCART_INLINE_TRITON_OPS", "0")
+    if raw not in ("0", "1", ""):
+        raise ValueError(f"environment variable FLASHCART_INLINE_TRITON_OPS must be 0 or 1, got {raw!r}")
+    return raw == "1"
 
 
 class _CompileSettings:

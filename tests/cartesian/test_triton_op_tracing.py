@@ -42,7 +42,7 @@ def test_without_the_interpreter():
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     # every test below ran there (only this one skipped itself)
-    assert proc.stdout.splitlines()[-1].startswith("7 passed, 1 skipped"), proc.stdout[-500:]
+    assert proc.stdout.splitlines()[-1].startswith("8 passed, 1 skipped"), proc.stdout[-500:]
 
 
 class _Call(torch.nn.Module):
@@ -193,3 +193,11 @@ def test_compiled_calls_keep_the_ops_opaque_unless_asked(monkeypatch, inline):
     opaque = [t for t in targets if "flashcart" in t]
     kernels = [t for t in targets if "triton_kernel_wrapper" in t]
     assert (kernels and not opaque) if inline else (opaque and not kernels), targets
+
+
+def test_inline_setting_is_checked(monkeypatch):
+    from flashcart.model.predictor import inline_triton_ops
+
+    monkeypatch.setenv("FLASHCART_INLINE_TRITON_OPS", "yes")
+    with pytest.raises(ValueError, match="FLASHCART_INLINE_TRITON_OPS"):
+        inline_triton_ops()
