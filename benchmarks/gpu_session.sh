@@ -10,6 +10,8 @@
 #            GPU 1: MD vs profiler (old dynamic and captured graph engine steps), export benchmark
 #   diagnose GPU 0: which Triton op breaks when inductor inlines it (benchmarks/diagnose_inline.py)
 #            GPU 1: tests/export (the CUDA .pt2 packages inline the kernels)
+#   check    one GPU: diagnose beside the GPU tests of model, integrations, export, Triton parity
+#   verify   one GPU: the inlined-launch fix (model cases, compiled == eager, CUDA .pt2), then opaque vs inlined timings
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
 # Each GPU writes one log per part into OUT (the device tool returns at most 8 files).
@@ -79,6 +81,41 @@ diagnose)
   CUDA_VISIBLE_DEVICES=0 timeout 540 python3 benchmarks/diagnose_inline.py --out "$out/diag" > "$out/diagnose.log" 2>&1 &
   gpu_tests 1 tests/export:540 > "$out/tests_export.log" 2>&1 &
   wait
+  ;;
+check)
+  # one GPU (nvidia-h200): the diagnosis beside the GPU tests, three streams sharing the card
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+  timeout 540 python3 benchmarks/diagnose_inline.py --timeout 200 --out "$out/diag" > "$out/diagnose.log" 2>&1 &
+  gpu_tests 0 tests/model:150 tests/integrations:330 > "$out/tests_a.log" 2>&1 &
+  gpu_tests 0 tests/export:250 "tests/cartesian/test_triton_parity.py:200" tests/simulation:40 top:50 > "$out/tests_b.log" 2>&1 &
+  wait
+  tar czf "$out/diag.tgz" -C "$out" diag && rm -rf "$out/diag"  # the tool returns at most 8 files
+  ;;
+verify)
+  # one GPU, after the launch-table fix: the model cases of diagnose_inline and compiled == eager with
+  # inlined kernels beside the CUDA .pt2 tests; then timings one at a time (opaque against inlined ops)
+  (
+    for c in model_forces model_forces_reduce_overhead; do
+      echo "=== $c (inlined)"
+      FLASHCART_INLINE_TRITON_OPS=1 CUDA_LAUNCH_BLOCKING=1 timeout 150 python3 -X faulthandler benchmarks/diagnose_inline.py --case $c 2>&1 | grep -v DEBUG | tail -4
+    done
+    FLASHCART_INLINE_TRITON_OPS=1 gpu_tests 0 tests/model:150
+  ) > "$out/inline.log" 2>&1 &
+  gpu_tests 0 tests/export:300 > "$out/tests_export.log" 2>&1 &
+  wait
+  (
+    run_profile() {  # MODEL MODE INLINE
+      eval "opts=\$$1"
+      extra="profile_phase=both profile_row_limit=1 profile_compile_predict=true profile_compile_mode=$2"
+      echo "=== profiler $1 $2 inline=$3"
+      FLASHCART_INLINE_TRITON_OPS=$3 timeout 50 bash benchmarks/profile_diamond.sh $opts $extra 2>&1 | grep -E "^\[|s/run|Error"
+    }
+    run_profile S reduce-overhead 1; run_profile S reduce-overhead 0
+    for m in i3c3f64l2 i2c3f20l2r; do timeout 45 python3 benchmarks/linear_tiles.py --model $m; done
+    run_profile L reduce-overhead 1; run_profile L reduce-overhead 0
+    run_profile S default 1; run_profile S default 0
+  ) > "$out/timings.log" 2>&1
   ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1

@@ -6,7 +6,10 @@ kernels and needs no Python to run them. These tests trace each op on fake tenso
 dynamic row counts (as an exported graph has them: atoms and edges vary) through
 AOTAutograd's functionalisation, the step inductor starts from, and check that no opaque
 FlashCart op is left and that each launch became a Triton-kernel node whose grid follows the
-symbolic row count. No kernel runs, so this needs neither a GPU nor the interpreter; under
+symbolic row count, and that inductor's analysis of each kernel (run for an sm_90 target)
+finds it writing its results only: a kernel found writing an input makes inductor clone that
+input around the launch and copy it back (the launch tables of the linear maps, once, which
+the H200 then read corrupted). No kernel runs, so this needs neither a GPU nor the interpreter; under
 ``TRITON_INTERPRET=1`` (where the kernels are interpreted functions, which cannot be traced,
 and the ops are plain custom ops) the tests run in a child process without it.
 """
@@ -69,7 +72,23 @@ def _trace(fn, *real: torch.Tensor, static: tuple[int, ...] = ()) -> torch.fx.Gr
     return graph
 
 
+# The arguments each kernel writes (its results); every other tensor argument is only read.
+WRITES = {
+    "tp_fwd": {"out_ptr"},
+    "tp_bwd_edge": {"g1_ptr", "g2_ptr", "gw_ptr"},
+    "tp_bwd_x1_csr": {"g1_ptr"},
+    "tp_dbwd_row": {"dgo_ptr", "dx1_ptr", "dx2_ptr", "dw_ptr"},
+    "tp_dbwd_x1_csr": {"dx1_ptr"},
+    "expansion_fwd": {"out_ptr"},
+    "expansion_vjp": {"gu_ptr"},
+    "expansion_second": {"dg_ptr", "du_ptr"},
+    "grouped_matmul": {"c_ptr"},
+}
+
+
 def _assert_lowered(graph: torch.fx.GraphModule, kernels: int) -> None:
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
     targets = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
     assert not [t for t in targets if "flashcart" in t], "an opaque FlashCart op is left in the traced graph"
     nodes = [n for n in graph.graph.nodes if "triton_kernel_wrapper" in str(n.target)]
@@ -77,15 +96,37 @@ def _assert_lowered(graph: torch.fx.GraphModule, kernels: int) -> None:
     for n in nodes:  # the grid follows the symbolic row count instead of the example's size
         grid = n.kwargs["grid"][0]
         assert any(isinstance(g, torch.fx.Node) for g in grid), grid
+        name = kernel_side_table.get_kernel(n.kwargs["kernel_idx"]).fn.__name__
+        written = set(n.kwargs["tensors_to_clone"])
+        assert written and written <= WRITES[name], f"inductor finds {name} writing {sorted(written)}"
+
+
+class _Sm90:
+    """Triton's active driver for the lowering's kernel analysis: an H100/H200 target on a
+    machine without a GPU (the analysis generates each kernel's IR for the current target)."""
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget("cuda", 90, 32)
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
 
 
 @pytest.fixture(autouse=True)
-def _quiet(monkeypatch):
-    # Without a GPU Triton cannot analyse which arguments a kernel writes (it would compile the
-    # kernel for a device); the lowering then assumes all of them and warns once per kernel.
-    import logging
+def _sm90_target():
+    if INTERPRETED:
+        yield
+        return
+    from triton.runtime import driver
 
-    logging.getLogger("torch._higher_order_ops.triton_kernel_wrap").setLevel(logging.ERROR)
+    previous = driver._active  # None until a driver was asked for (there is none without a GPU)
+    driver.set_active(_Sm90())
+    try:
+        yield
+    finally:
+        driver._active = previous
 
 
 @uninterpreted

@@ -92,19 +92,6 @@ if any(COLUMN[f"{x}_{f}"] != COLUMN[f"{x}_off"] + i for x in "abc" for i, f in e
 
 
 @triton.jit
-def _descriptor(tab, base: tl.constexpr):
-    """The seven fields of one operand descriptor (loaded once per program)."""
-    off = tl.load(tab + base + _OFF)
-    di = tl.load(tab + base + _DI)
-    si_hi = tl.load(tab + base + _SI_HI)
-    si_lo = tl.load(tab + base + _SI_LO)
-    dj = tl.load(tab + base + _DJ)
-    sj_hi = tl.load(tab + base + _SJ_HI)
-    sj_lo = tl.load(tab + base + _SJ_LO)
-    return off, di, si_hi, si_lo, dj, sj_hi, sj_lo
-
-
-@triton.jit
 def _part(idx, d, s_hi, s_lo):
     """The offset of index ``idx`` along one matrix axis: ``(idx // d) * s_hi + (idx % d) * s_lo``.
 
@@ -165,9 +152,24 @@ def grouped_matmul(
     k_lo = split * k_chunk
     k_hi = tl.minimum(k_lo + k_chunk, k_size)
     # the operand descriptors and the row (A) / column (B) parts of the addresses do not change
-    # along K: computed once, not per K step
-    a_off0, a_di, a_si_hi, a_si_lo, a_dj, a_sj_hi, a_sj_lo = _descriptor(tab, _A)
-    b_off0, b_di, b_si_hi, b_si_lo, b_dj, b_sj_hi, b_sj_lo = _descriptor(tab, _B)
+    # along K: computed once, not per K step. The descriptor loads stay in this function, not in
+    # a jit helper: inductor's access analysis treats a helper's arguments that feed a store
+    # address as written, so a helper taking ``tab`` made it clone and copy back the launch table
+    # around every inlined launch (and corrupt it, an illegal address on the H200).
+    a_off0 = tl.load(tab + _A + _OFF)
+    a_di = tl.load(tab + _A + _DI)
+    a_si_hi = tl.load(tab + _A + _SI_HI)
+    a_si_lo = tl.load(tab + _A + _SI_LO)
+    a_dj = tl.load(tab + _A + _DJ)
+    a_sj_hi = tl.load(tab + _A + _SJ_HI)
+    a_sj_lo = tl.load(tab + _A + _SJ_LO)
+    b_off0 = tl.load(tab + _B + _OFF)
+    b_di = tl.load(tab + _B + _DI)
+    b_si_hi = tl.load(tab + _B + _SI_HI)
+    b_si_lo = tl.load(tab + _B + _SI_LO)
+    b_dj = tl.load(tab + _B + _DJ)
+    b_sj_hi = tl.load(tab + _B + _SJ_HI)
+    b_sj_lo = tl.load(tab + _B + _SJ_LO)
     a_rows = a_off0 + _part(rm, a_di, a_si_hi, a_si_lo)  # [BM]
     b_cols = b_off0 + _part(rn, b_dj, b_sj_hi, b_sj_lo)  # [BN]
     for k0 in range(k_lo, k_hi, BK):
@@ -189,6 +191,12 @@ def grouped_matmul(
         s32 = tl.div_rn(tl.full([], 1.0, tl.float32), tl.sqrt_rn(tl.cast(fan1, tl.float32)))
         scale = tl.cast(s32, c_ptr.dtype.element_ty)
     scale = tl.where(fan > 0, scale, tl.zeros_like(scale))
-    c_off0, c_di, c_si_hi, c_si_lo, c_dj, c_sj_hi, c_sj_lo = _descriptor(tab, _C)
+    c_off0 = tl.load(tab + _C + _OFF)
+    c_di = tl.load(tab + _C + _DI)
+    c_si_hi = tl.load(tab + _C + _SI_HI)
+    c_si_lo = tl.load(tab + _C + _SI_LO)
+    c_dj = tl.load(tab + _C + _DJ)
+    c_sj_hi = tl.load(tab + _C + _SJ_HI)
+    c_sj_lo = tl.load(tab + _C + _SJ_LO)
     c_off = c_off0 + _part(rm, c_di, c_si_hi, c_si_lo)[:, None] + _part(rn, c_dj, c_sj_hi, c_sj_lo)[None, :]
     tl.store(c_ptr + split * c_split_stride + c_off, acc * scale, mask=m_mask[:, None] & n_mask[None, :])
