@@ -183,9 +183,10 @@ def test_linear_kernel_compiles_for_sm90_without_spills():
 
 
 def test_linear_tiles_setting_is_checked():
-    from flashcart.cartesian._triton.linear_kernel import LinearTiles, linear_tiles
+    from flashcart.cartesian._triton.linear_kernel import LinearTiles, default_tiles, linear_tiles
 
-    assert linear_tiles("") == LinearTiles(32, 32, 32, 4, None)
+    assert linear_tiles("") is None  # each layer's default_tiles
+    assert default_tiles(20, 64) == LinearTiles(32, 32, 32, 4, None) and default_tiles(64, 128) == LinearTiles(64, 64, 16, 4, 2)
     assert linear_tiles("64x32x16x8x3") == LinearTiles(64, 32, 16, 8, 3)
     assert linear_tiles("64x32x16:tf32x3") == LinearTiles(64, 32, 16, 4, None, "tf32x3")
     for bad in ("32x32", "24x32x32", "8x32x32", "32x32x32x3", "axbxc", "32x32x32x4x0", "32x32x32:tf32"):

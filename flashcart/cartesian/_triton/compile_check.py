@@ -104,12 +104,12 @@ def linear_resource_usage(tiles: list[str], dtype: str = "fp32", n_groups: int =
     from triton.compiler import ASTSource
 
     from .._linear_spec import N_COLS
-    from .linear_kernel import grouped_matmul, linear_tiles
+    from .linear_kernel import default_tiles, grouped_matmul, linear_tiles
 
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     report = {}
     for raw in tiles:
-        t = linear_tiles(raw)
+        t = linear_tiles(raw) or default_tiles(64, 64)
         signature = {
             "a_ptr": f"*{dtype}",
             "b_ptr": f"*{dtype}",

@@ -43,14 +43,29 @@ class LinearTiles(NamedTuple):
 
 _PRECISIONS = ("ieee", "tf32x3")
 
+# Without FLASHCART_LINEAR_TILES the tile follows the layer's channels. On the H200
+# (2026-12-01, benchmarks/linear_tiles.py, float32) the wide tile took i3c3f64l2's 27 maps at
+# the 1000-atom diamond's rows from 4.56 ms to 3.55 ms (forward + input gradient); at 20
+# channels (i2c3f20l2r) no shape beat the narrow one.
+NARROW_TILES = LinearTiles()
+WIDE_TILES = LinearTiles(64, 64, 16, 4, 2)
+WIDE_FROM_CHANNELS = 64
 
-def linear_tiles(raw: str | None = None) -> LinearTiles:
-    """The tiles of ``FLASHCART_LINEAR_TILES`` (``BMxBNxBK[xWARPS[xSTAGES]][:PRECISION]``,
-    default ``32x32x32x4:ieee``); sizes are powers of two of at least 16 (``tl.dot``'s
-    smallest); ``PRECISION`` is ``ieee`` or ``tf32x3``."""
+
+def default_tiles(f_in: int, f_out: int) -> LinearTiles:
+    """The tiles of a linear map from ``f_in`` to ``f_out`` channels when none are set: wide
+    from :data:`WIDE_FROM_CHANNELS` channels on both sides, narrow below."""
+    return WIDE_TILES if min(f_in, f_out) >= WIDE_FROM_CHANNELS else NARROW_TILES
+
+
+def linear_tiles(raw: str | None = None) -> LinearTiles | None:
+    """The tiles of ``FLASHCART_LINEAR_TILES`` (``BMxBNxBK[xWARPS[xSTAGES]][:PRECISION]``),
+    or ``None`` where it is unset or empty (each layer then takes :func:`default_tiles`);
+    sizes are powers of two of at least 16 (``tl.dot``'s smallest); ``PRECISION`` is ``ieee``
+    or ``tf32x3``."""
     raw = os.environ.get(_TILES_ENV, "") if raw is None else raw
     if not raw:
-        return LinearTiles()
+        return None
     shape, _, precision = raw.lower().partition(":")
     precision = precision or "ieee"
     try:

@@ -36,7 +36,7 @@ from .common import reduce_channels as _reduce_channels
 from .common import tp_shapes as _tp_shapes
 from .double_backward import env_mode, fused_outputs
 from .double_backward import tp_dbwd as _tp_dbwd_op
-from .linear_kernel import grouped_matmul, linear_tiles
+from .linear_kernel import default_tiles, grouped_matmul, linear_tiles
 from .signatures import EXPANSION_FWD, EXPANSION_SECOND, EXPANSION_VJP, TP_BWD_EDGE, TP_BWD_X1_CSR, TP_FWD, traceable
 from .source import expansion_module, product_key, product_module
 
@@ -461,8 +461,8 @@ def direction_expansion(u: Tensor, l_max: int) -> Tensor:
 # equivariant linear maps
 # ---------------------------------------------------------------------------------------
 
-# Tiles of the grouped matmul (FLASHCART_LINEAR_TILES, read at import; benchmarks/linear_tiles.py
-# assigns the module attribute to compare shapes in one process).
+# Tiles of the grouped matmul (FLASHCART_LINEAR_TILES, read at import; None: each layer's
+# default_tiles; benchmarks/linear_tiles.py assigns the module attribute to compare shapes in one process).
 LINEAR_TILES = linear_tiles()
 
 
@@ -473,6 +473,9 @@ def _launch_grouped(a: Tensor, b: Tensor, c: Tensor, table: Tensor, key: str, ki
     the grid size comes from the key on the host, so nothing is read back or allocated.
     """
     t = LINEAR_TILES
+    if t is None:
+        s = linear_spec(key)
+        t = default_tiles(s.f_in, s.f_out)
     tiles = n_tiles(key, kind, n_rows, t.bm, t.bn)
     if guard_or_false(tiles == 0):
         return
