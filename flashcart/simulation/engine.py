@@ -36,12 +36,17 @@ It owns what a simulation needs around the model call:
     copied into the captured buffers; the graph is captured again only when a capacity grows
     (or the system changes). CUDA only; with a compile mode that replays CUDA graphs itself
     (``reduce-overhead``, ``max-autotune``) the model inside is compiled without them;
-  - ``"auto"`` (default): when the list is reused (``skin > 0``) and padding is not switched
-    off, ``"graph"`` on CUDA with ``reduce-overhead``/``max-autotune`` (if the capture fails:
-    a warning, then ``"static"``; an explicit ``step="graph"`` raises), ``"static"`` on CUDA
-    otherwise or wherever the model is padded anyway (``pad=True`` or compiled); else
-    ``"dynamic"`` (eager on the CPU, where padding a small molecule to the capacity multiples
-    would cost more than the compaction saves: ethanol padded to 128 atoms is slower).
+  - ``"auto"`` (default): ``"dynamic"`` with a compile mode that replays CUDA graphs
+    (``reduce-overhead``, ``max-autotune``: the Predictor's own graphs); otherwise, when the
+    list is reused (``skin > 0``) and padding is not switched off, ``"static"`` on CUDA or
+    wherever the model is padded anyway (``pad=True`` or compiled); else ``"dynamic"`` (eager
+    on the CPU, where padding a small molecule to the capacity multiples would cost more than
+    the compaction saves: ethanol padded to 128 atoms is slower). ``"graph"`` is chosen only
+    explicitly for now: on the H200 (2026-12-01, i2c3f20l2r, reduce-overhead) it took 5.0 and
+    24.1 ms a step on water and diamond against the dynamic step's 4.3 and 6.0 ms, because
+    the free edge slots all fell on one or two padding atoms (since spread over enough
+    padding atoms; not yet measured on a GPU). If a capture that the engine chose fails, it
+    warns and continues with ``"static"``; an explicit ``step="graph"`` raises.
 """
 
 from __future__ import annotations
@@ -180,10 +185,8 @@ class Engine:
         self._graph_fallback = step == "auto"
         if step == "auto":
             step = "dynamic"
-            if skin > 0 and pad is not False:
-                if self.device.type == "cuda" and compile_mode in CUDA_GRAPH_MODES:
-                    step = "graph"
-                elif self.device.type == "cuda" or pad or compile_mode is not None:
+            if skin > 0 and pad is not False and compile_mode not in CUDA_GRAPH_MODES:
+                if self.device.type == "cuda" or pad or compile_mode is not None:
                     step = "static"
         if step in ("static", "graph") and pad is False:
             raise ValueError(f"step={step!r} pads to static capacities: it cannot run with pad=False")

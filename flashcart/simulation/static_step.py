@@ -9,7 +9,12 @@ without any host synchronisation:
 3. **compaction**: the pairs of the list closer than ``r_max`` (mask, cumulative sum, scatter)
    into a buffer of ``capacities.edges`` model edges, the free slots filled with padding edges
    that contribute exactly zero (as :meth:`Predictor._pad <flashcart.model.Predictor.padded>`
-   makes them: between padding atoms spaced ``2 r_max`` apart). The model therefore sees the
+   makes them: between padding atoms spaced ``2 r_max`` apart), spread evenly over the
+   padding atoms of which there are enough that none has more edges than a real atom on
+   average (the receiver- and sender-grouped kernels run a row's edges in one program, so
+   thousands of padding edges on one padding atom make one program the whole kernel's time:
+   on the H200 the captured diamond step took 23 ms against the profiler's 3.1 ms when all
+   the free slots fell on one or two padding atoms). The model therefore sees the
    edges the profiler sees (within ``r_max``), not the ``((r_max + skin) / r_max)^3`` times
    more of the list. The number of pairs within ``r_max`` is reported with the results: more
    than the capacity is an overflow, and the caller must rebuild with a larger capacity (the
@@ -32,7 +37,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-__all__ = ["StepCapacities", "StaticStep", "CapturedStep", "pairs_within", "PACKED_HEADER"]
+__all__ = ["StepCapacities", "StaticStep", "CapturedStep", "pairs_within", "padding_atoms", "PACKED_HEADER"]
 
 PACKED_HEADER = 3  # energy, moved^2, pairs within r_max; then forces (3N) and stress (9)
 
@@ -45,8 +50,9 @@ def _round_up(n: int, multiple: int) -> int:
 class StepCapacities:
     """Static sizes of a :class:`StaticStep`.
 
-    atoms: padded atoms (real atoms + at least two padding atoms). pairs: slots for the
-    ``r_max + skin`` neighbour list. edges: slots for the compacted list the model sees.
+    atoms: padded atoms (real atoms + at least two padding atoms; see :func:`padding_atoms`).
+    pairs: slots for the ``r_max + skin`` neighbour list. edges: slots for the compacted list
+    the model sees.
     """
 
     atoms: int
@@ -58,19 +64,30 @@ class StepCapacities:
 
     def grown(self, n_atoms: int, n_pairs: int, n_edges: int, headroom: float, atom_multiple: int, edge_multiple: int) -> "StepCapacities":
         """Capacities that fit these sizes: kept where they already fit, else the size times
-        ``1 + headroom`` rounded up to the multiples (never shrinks). The atoms get no headroom:
-        a step's number of atoms is fixed (another number of atoms is another step)."""
+        ``1 + headroom`` rounded up to the multiples (never shrinks). The atoms get no headroom
+        (a step's number of atoms is fixed: another number of atoms is another step), only the
+        :func:`padding_atoms` that the edge capacity asks for."""
         h = 1.0 + headroom
 
         def grow(current: int, need: int, multiple: int) -> int:
             need = max(need, 1)  # at least one slot: a structure without pairs still gets padding edges
             return current if need <= current else _round_up(max(need, int(math.ceil(h * need))), multiple)
 
+        edges = grow(self.edges, n_edges, edge_multiple)
+        atoms = n_atoms + padding_atoms(n_atoms, n_edges, edges)
         return StepCapacities(
-            atoms=self.atoms if n_atoms + 2 <= self.atoms else _round_up(n_atoms + 2, atom_multiple),
+            atoms=self.atoms if atoms <= self.atoms else _round_up(atoms, atom_multiple),
             pairs=grow(self.pairs, n_pairs, edge_multiple),
-            edges=grow(self.edges, n_edges, edge_multiple),
+            edges=edges,
         )
+
+
+def padding_atoms(n_atoms: int, n_edges: int, edge_capacity: int) -> int:
+    """Padding atoms for ``edge_capacity`` model edges of which ``n_edges`` are real: at least
+    two, and enough that the free slots, spread evenly, give none of them more edges than a
+    real atom has on average."""
+    degree = max(1.0, n_edges / max(n_atoms, 1))
+    return max(2, math.ceil((edge_capacity - n_edges) / degree))
 
 
 def pairs_within(positions, cell, receivers, senders, shifts, r_max: float) -> torch.Tensor:
@@ -128,16 +145,13 @@ class StaticStep:
         self.pair_valid = torch.zeros(p, dtype=torch.bool, device=device)
         self.n_pairs = 0
         # padding: atoms n..a-1 on a line 2 r_max apart (graph 1), edges between neighbouring ones
-        pa = a - n
+        self.n_padding = pa = a - n
         self.padded_positions = torch.zeros(a, 3, **f)
         self.padded_positions[n:, 0] = torch.arange(pa, **f) * (2.0 * self.r_max)
         self.types = torch.zeros(a, **i)
         self.batch = torch.cat([torch.zeros(n, **i), torch.ones(pa, **i)])
         self.model_cell = torch.zeros(2, 3, 3, **f)
-        k = torch.arange(c + 1, **i)  # one extra slot takes the pairs that are not copied
-        self.pad_receivers = n + (k * pa) // (c + 1)
-        self.pad_senders = n + ((self.pad_receivers - n + 1) % pa)
-        self.slots = torch.arange(c, **i)
+        self.slots = torch.arange(c + 1, **i)  # one extra slot takes the pairs that are not copied
 
     def matches(self, n_atoms: int, pbc: np.ndarray) -> bool:
         return n_atoms == self.n and np.array_equal(np.asarray(pbc, dtype=bool), self.pbc)
@@ -184,15 +198,20 @@ class StaticStep:
         grouped by receiver), then padding edges: ``receivers, senders [E]``, ``shifts [E, 3]``,
         ``edge_batch [E]`` (``E = capacities.edges``) and the number of such pairs (0-d; more than
         ``E`` means the ones beyond were dropped)."""
-        c = self.capacities.edges
+        c, n, pa = self.capacities.edges, self.n, self.n_padding
         within = pairs_within(pos, self.cell, self.pair_receivers, self.pair_senders, self.pair_shifts, self.r_max) & self.pair_valid
         rank = torch.cumsum(within, 0) - 1
         count = within.sum()
         target = torch.where(within & (rank < c), rank, c)  # slot c: discarded
-        receivers = self.pad_receivers.scatter(0, target, self.pair_receivers)[:c]
-        senders = self.pad_senders.scatter(0, target, self.pair_senders)[:c]
+        # the padding slots count..c-1 spread evenly (and in order: receivers stay sorted) over
+        # the padding atoms, this step's count deciding where they start
+        free = self.slots - count
+        pad_receivers = n + torch.clamp(free.clamp_min(0) * pa // (c - count).clamp_min(1), max=pa - 1)
+        pad_senders = n + (pad_receivers - n + 1) % pa
+        receivers = pad_receivers.scatter(0, target, self.pair_receivers)[:c]
+        senders = pad_senders.scatter(0, target, self.pair_senders)[:c]
         shifts = torch.zeros(c + 1, 3, dtype=self.dtype, device=self.device).scatter(0, target[:, None].expand(-1, 3), self.pair_shifts)[:c]
-        edge_batch = (self.slots >= count).long()  # padding edges in the padding graph
+        edge_batch = (free[:c] >= 0).long()  # padding edges in the padding graph
         return receivers, senders, shifts, edge_batch, count
 
     def model_inputs(self, pos: torch.Tensor, stress: bool) -> tuple:

@@ -105,6 +105,30 @@ def test_the_step_reports_pairs_beyond_its_capacity(model):
     assert packed.shape == (3 + 3 * n,) and int(packed[2]) == within > caps.edges and float(packed[1]) == 0.0
 
 
+def test_padding_edges_spread_over_enough_padding_atoms(model):
+    """The free edge slots go evenly to the padding atoms, sorted by receiver, and there are
+    enough of them that none takes more edges than a real atom has on average (a receiver's
+    edges run in one kernel program: all free slots on one padding atom made the H200's
+    captured diamond step 7.6x slower)."""
+    atoms = water_box()
+    # atoms rounded to no multiple: the padding atoms are the ones the edge capacity asks for
+    engine = Engine(model, device="cpu", dtype="float64", skin=1.0, headroom=0.3, pad_atom_multiple=1, step="static")
+    _evaluate(engine, atoms)
+    step, n = engine._static, len(atoms)
+    pos, _ = step.unwrapped()
+    receivers, senders, _, edge_batch, count = step.compact(pos)
+    count = int(count)
+    assert bool((receivers[1:] >= receivers[:-1]).all())  # still grouped by receiver
+    real_degree = count / n
+    assert step.capacities.edges - count > 2 * real_degree  # there is padding to spread
+    for index in (receivers, senders):
+        pad = index[count:]
+        assert bool((pad >= n).all()) and bool((edge_batch[count:] == 1).all()) and bool((edge_batch[:count] == 0).all())
+        per_atom = torch.bincount(pad - n, minlength=step.capacities.atoms - n)
+        assert int(per_atom.max()) <= np.ceil(real_degree) + 1, (int(per_atom.max()), real_degree)
+    assert bool((receivers[count:] != senders[count:]).all())  # no self-pairs among the padding
+
+
 def test_static_step_equals_dynamic_step_along_md_with_rebuilds_and_wrapping(model):
     """MD driven by the dynamic engine (atoms wrapped into the cell after every step, as OpenMM
     does); the static engine evaluates the same positions step after step."""
@@ -197,7 +221,7 @@ def test_a_failed_capture_falls_back_to_the_eager_step_only_when_the_engine_chos
     monkeypatch.setattr(engine_module, "CapturedStep", failing)
     atoms = water_box()
     chosen = Engine(model, device="cpu", dtype="float64", skin=0.5, step="static")
-    chosen.step, chosen._graph_fallback = "graph", True  # as step="auto" on CUDA with reduce-overhead
+    chosen.step, chosen._graph_fallback = "graph", True  # as when the engine chose the graph itself (step="auto")
     with pytest.warns(UserWarning, match="capturing the simulation step as a CUDA graph failed .*continuing with step='static'"):
         r = _evaluate(chosen, atoms)
     assert chosen.step == "static" and "not permitted" in chosen.graph_capture_error and chosen.graph_captures == 0
@@ -210,6 +234,9 @@ def test_a_failed_capture_falls_back_to_the_eager_step_only_when_the_engine_chos
 
 def test_capacities_grow_with_headroom_except_the_fixed_atom_count():
     caps = StepCapacities(0, 0, 0).grown(768, 40_000, 30_000, 0.1, 128, 128)
-    assert caps == StepCapacities(atoms=896, pairs=44_032, edges=33_024)  # 770 -> 896; 44,000 -> 44,032; 33,000 -> 33,024
+    # 768 atoms + 78 padding atoms (3,024 free slots at 39 edges an atom) -> 896; 44,000 -> 44,032; 33,000 -> 33,024
+    assert caps == StepCapacities(atoms=896, pairs=44_032, edges=33_024)
+    # 4,608 edge slots for 3,000 edges of 100 atoms: 1,608 free at 30 an atom = 54 padding atoms, 154 -> 160
+    assert StepCapacities(0, 0, 0).grown(100, 4_000, 3_000, 0.5, 8, 128).atoms == 160
     assert caps.grown(768, 44_032, 30_500, 0.1, 128, 128) == caps  # what fits keeps its capacity
     assert caps.grown(768, 40_000, 33_025, 0.1, 128, 128).edges == 36_352  # 33,025 x 1.1 = 36,327.5 -> 36,352
