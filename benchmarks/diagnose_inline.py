@@ -2,7 +2,10 @@
 
 On the H200 (torch 2.11, 2026-11-30) ``torch.compile`` with the Triton ops decomposed into
 their kernel launches (``torch.library.triton_op``) ended in an illegal memory access, and so
-did the CUDA AOTInductor package; opaque ops (the Predictor's default since) had passed there. Each
+did the CUDA AOTInductor package; opaque ops had passed there. (Found with this script on
+2026-12-01: every op alone passed, the model cases failed, and their output code showed the
+linear maps' launch table cloned and copied back around each launch, inductor having taken it
+for written; fixed in the kernel, and inlining is the Predictor's default since.) Each
 case below compiles one op, or one op fed by a layout inductor may choose differently from
 eager (a slice, a concatenation), with inductor and ``FLASHCART_INLINE_TRITON_OPS=1``,
 compares it with the eager op in float64 at two sizes (one dynamic graph), and runs in its own process with

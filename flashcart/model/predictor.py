@@ -96,18 +96,21 @@ def frozen_parameters(parameters: Iterable[torch.nn.Parameter]) -> Iterator[None
 
 
 def inline_triton_ops() -> bool:
-    """Whether ``torch.compile`` lowers FlashCart's Triton ops to their kernels (``FLASHCART_INLINE_TRITON_OPS=1``).
+    """Whether ``torch.compile`` lowers FlashCart's Triton ops to their kernels (default; ``FLASHCART_INLINE_TRITON_OPS=0``
+    keeps each op one opaque call that launches its own kernels).
 
-    By default compiled graphs keep each Triton op as one opaque call that launches its own
-    kernels: the inlined launches (``torch.library.triton_op`` decomposed by inductor) hit an
-    illegal memory access on the H200 (torch 2.11, 2026-11-30), not yet diagnosed
-    (``benchmarks/diagnose_inline.py``). AOTInductor packages always inline them: they must run
+    Inlined, inductor launches the kernels itself (no Python launcher per kernel). On the H200
+    (torch 2.11, 2026-12-01) compiled force calls of i2c3f20l2r on the 1000-atom diamond took
+    3.5 ms inlined in the default mode and 3.10 ms (inlined) / 3.11 ms (opaque) with
+    reduce-overhead. (The inlined launches had hit an illegal memory access there until the
+    linear maps' kernel stopped reading its launch table through a jit helper, which inductor
+    took for a write of the table.) AOTInductor packages always inline them: they must run
     without Python.
     """
-    raw = os.environ.get("FLASHCART_INLINE_TRITON_OPS", "0")
+    raw = os.environ.get("FLASHCART_INLINE_TRITON_OPS", "1")
     if raw not in ("0", "1", ""):
         raise ValueError(f"environment variable FLASHCART_INLINE_TRITON_OPS must be 0 or 1, got {raw!r}")
-    return raw == "1"
+    return raw != "0"
 
 
 class _CompileSettings:

@@ -203,14 +203,17 @@ class _Captured(Exception):
 
 @uninterpreted
 @pytest.mark.parametrize("inline", [False, True])
-def test_compiled_calls_keep_the_ops_opaque_unless_asked(monkeypatch, inline):
+def test_compiled_calls_inline_the_ops_unless_asked_not_to(monkeypatch, inline):
     """Under the Predictor's compile settings, ``torch.compile`` keeps each Triton op as one
-    opaque call (inlined launches broke on the H200) unless ``FLASHCART_INLINE_TRITON_OPS=1``."""
+    opaque call with ``FLASHCART_INLINE_TRITON_OPS=0``, else (the default) its kernel launches."""
     from torch._dynamo.backends.common import aot_autograd
 
     from flashcart.model.predictor import _compile_context
 
-    monkeypatch.setenv("FLASHCART_INLINE_TRITON_OPS", "1" if inline else "0")
+    if inline:
+        monkeypatch.delenv("FLASHCART_INLINE_TRITON_OPS", raising=False)  # the default
+    else:
+        monkeypatch.setenv("FLASHCART_INLINE_TRITON_OPS", "0")
     key = product_key(2, 3, 2, False, False)
     spec, F, e = product_spec(key), 4, 20
     x1, x2, w = torch.randn(e, spec.in1_comps * F), torch.randn(e, spec.in2_comps), torch.randn(e, spec.n_paths * F)

@@ -166,27 +166,31 @@ def test_linear_parity_for_other_tile_shapes(device, tiles, monkeypatch):
 @pytest.mark.skipif(not triton_available(), reason="needs triton")
 def test_linear_kernel_compiles_for_sm90_without_spills():
     """The grouped matmul compiled for sm_90 (bundled ptxas, no GPU, a process without
-    TRITON_INTERPRET) keeps its default float32 tile in registers: with 64-bit index division
-    it used 255 registers and spilled 112 bytes."""
+    TRITON_INTERPRET) keeps its default tiles in registers, float32 and float64 (with 64-bit
+    index division the old 32x32x32 float32 tile used 255 registers and spilled 112 bytes; the
+    wide tile without tl.dot, in float64, spills 120)."""
     import subprocess
     import sys
 
     pytest.importorskip("triton.backends.nvidia")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    args = ["--linear-tiles", "32x32x32x4", "64x64x32x4x3:tf32x3"]
-    run = subprocess.run(
-        [sys.executable, "-m", "flashcart.cartesian._triton.compile_check", *args], env=env, capture_output=True, text=True
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    lines = [line for line in run.stdout.splitlines() if line.startswith("linear")]
-    assert len(lines) == 2 and all("STACK:0 " in line + " " and "LOCAL:0" in line for line in lines), run.stdout
+    for dtype, tiles in (("fp32", ["32x32x16x4x2", "64x64x16x4x2", "64x64x32x4x3:tf32x3"]), ("fp64", ["32x32x16x4x2"])):
+        args = ["--linear-tiles", *tiles, "--dtype", dtype]
+        run = subprocess.run(
+            [sys.executable, "-m", "flashcart.cartesian._triton.compile_check", *args], env=env, capture_output=True, text=True
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        lines = [line for line in run.stdout.splitlines() if line.startswith("linear")]
+        assert len(lines) == len(tiles) and all("STACK:0 " in line + " " and "LOCAL:0" in line for line in lines), run.stdout
 
 
 def test_linear_tiles_setting_is_checked():
     from flashcart.cartesian._triton.linear_kernel import LinearTiles, default_tiles, linear_tiles
 
     assert linear_tiles("") is None  # each layer's default_tiles
-    assert default_tiles(20, 64) == LinearTiles(32, 32, 32, 4, None) and default_tiles(64, 128) == LinearTiles(64, 64, 16, 4, 2)
+    assert default_tiles(20, 64) == LinearTiles(32, 32, 16, 4, 2) == default_tiles(64, 64, use_dot=False) and default_tiles(
+        64, 128
+    ) == LinearTiles(64, 64, 16, 4, 2)
     assert linear_tiles("64x32x16x8x3") == LinearTiles(64, 32, 16, 8, 3)
     assert linear_tiles("64x32x16:tf32x3") == LinearTiles(64, 32, 16, 4, None, "tf32x3")
     for bad in ("32x32", "24x32x32", "8x32x32", "32x32x32x3", "axbxc", "32x32x32x4x0", "32x32x32:tf32"):

@@ -109,7 +109,7 @@ def linear_resource_usage(tiles: list[str], dtype: str = "fp32", n_groups: int =
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     report = {}
     for raw in tiles:
-        t = linear_tiles(raw) or default_tiles(64, 64)
+        t = linear_tiles(raw) or default_tiles(64, 64, dtype != "fp64")
         signature = {
             "a_ptr": f"*{dtype}",
             "b_ptr": f"*{dtype}",

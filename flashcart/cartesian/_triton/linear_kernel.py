@@ -44,18 +44,20 @@ class LinearTiles(NamedTuple):
 _PRECISIONS = ("ieee", "tf32x3")
 
 # Without FLASHCART_LINEAR_TILES the tile follows the layer's channels. On the H200
-# (2026-12-01, benchmarks/linear_tiles.py, float32) the wide tile took i3c3f64l2's 27 maps at
-# the 1000-atom diamond's rows from 4.56 ms to 3.55 ms (forward + input gradient); at 20
-# channels (i2c3f20l2r) no shape beat the narrow one.
-NARROW_TILES = LinearTiles()
+# (2026-12-01, benchmarks/linear_tiles.py, float32, CUDA-graph replays, forward + input
+# gradient at the 1000-atom diamond's rows) the wide tile took i3c3f64l2's 27 maps from
+# 4.49 ms (32x32x32, 4 warps) to 3.47 ms, and the narrow one i2c3f20l2r's 14 maps (20
+# channels) from 0.372 ms to 0.338 ms.
+NARROW_TILES = LinearTiles(32, 32, 16, 4, 2)
 WIDE_TILES = LinearTiles(64, 64, 16, 4, 2)
 WIDE_FROM_CHANNELS = 64
 
 
-def default_tiles(f_in: int, f_out: int) -> LinearTiles:
+def default_tiles(f_in: int, f_out: int, use_dot: bool = True) -> LinearTiles:
     """The tiles of a linear map from ``f_in`` to ``f_out`` channels when none are set: wide
-    from :data:`WIDE_FROM_CHANNELS` channels on both sides, narrow below."""
-    return WIDE_TILES if min(f_in, f_out) >= WIDE_FROM_CHANNELS else NARROW_TILES
+    from :data:`WIDE_FROM_CHANNELS` channels on both sides, narrow below, and narrow without
+    ``tl.dot`` (float64 on CUDA: the broadcast product of a wide tile spills registers)."""
+    return WIDE_TILES if use_dot and min(f_in, f_out) >= WIDE_FROM_CHANNELS else NARROW_TILES
 
 
 def linear_tiles(raw: str | None = None) -> LinearTiles | None:

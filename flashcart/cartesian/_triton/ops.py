@@ -472,10 +472,11 @@ def _launch_grouped(a: Tensor, b: Tensor, c: Tensor, table: Tensor, key: str, ki
     ``table`` is the layer's launch table (``[3, groups, N_COLS]``, on the operands' device);
     the grid size comes from the key on the host, so nothing is read back or allocated.
     """
+    use_dot = c.dtype != torch.float64 or not c.is_cuda
     t = LINEAR_TILES
     if t is None:
         s = linear_spec(key)
-        t = default_tiles(s.f_in, s.f_out)
+        t = default_tiles(s.f_in, s.f_out, use_dot)
     tiles = n_tiles(key, kind, n_rows, t.bm, t.bn)
     if guard_or_false(tiles == 0):
         return
@@ -492,7 +493,7 @@ def _launch_grouped(a: Tensor, b: Tensor, c: Tensor, table: Tensor, key: str, ki
         BM=t.bm,
         BN=t.bn,
         BK=t.bk,
-        USE_DOT=c.dtype != torch.float64 or not c.is_cuda,
+        USE_DOT=use_dot,
         SPLIT=split,
         PRECISION=t.precision,
         **options,
