@@ -12,7 +12,7 @@
 #            GPU 1: tests/export (the CUDA .pt2 packages inline the kernels)
 #   check    one GPU: diagnose beside the GPU tests of model, integrations, export, Triton parity
 #   verify   one GPU: the inlined-launch fix (model cases, compiled == eager, CUDA .pt2), then opaque vs inlined timings
-#   next     one GPU: the CUDA .pt2 tests alone (for their tracebacks), then MD dynamic vs graph step
+#   next     one GPU: the CUDA .pt2 tests alone (for their tracebacks), an eager call's host profile, MD dynamic vs graph step
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
 # Each GPU writes one log per part into OUT (the device tool returns at most 8 files).
@@ -123,10 +123,13 @@ verify)
 next)
   # one GPU, the next session's first call: why the CUDA .pt2 tests fail (they compile for
   # minutes: alone, with the whole call's time), then the graph step with the padding spread
-  gpu_tests 0 tests/export/test_gpu_export.py:330 > "$out/tests_export.log" 2>&1
+  gpu_tests 0 tests/export/test_gpu_export.py:300 > "$out/tests_export.log" 2>&1
+  # where an eager force call's host time goes (Triton's launcher, FlashCart's Python, ATen)
+  timeout 60 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases inference --repeat 3 \
+    --host-profile 10 --rows 40 > "$out/host_profile.log" 2>&1
   for st in water diamond; do
     echo "=== md $st"
-    timeout 120 python3 benchmarks/md_vs_profile.py --structure $st --device gpu --r-max 6 --steps 200 --repeat 20 \
+    timeout 100 python3 benchmarks/md_vs_profile.py --structure $st --device gpu --r-max 6 --steps 200 --repeat 20 \
       --compile-mode reduce-overhead --step-mode dynamic graph --model $S 2>&1 | grep -viE "warn"
   done > "$out/md.log" 2>&1
   ;;

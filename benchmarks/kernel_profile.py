@@ -21,7 +21,10 @@ kernels a CUDA graph replays)::
     python benchmarks/kernel_profile.py --device cuda --model i3c3f64l2 --repeat 5
     python benchmarks/kernel_profile.py --device cpu --model tiny --structure ethanol --repeat 1   # smoke test
 
-On the CPU the tables show CPU time instead (no kernels, no roofline).
+On the CPU the tables show CPU time instead (no kernels, no roofline). ``--host-profile N``
+also prints a cProfile of ``N`` more eager calls by own time: where the host time of an eager
+call goes on the GPU machine (Triton's launcher, FlashCart's Python, ATen dispatch), which
+``host_overhead.py`` cannot see (it stubs the launches out).
 """
 
 from __future__ import annotations
@@ -177,6 +180,30 @@ def report(name: str, fn, device: torch.device, args, bandwidth: float | None) -
         print(f"{op[:40]:<40} {n:>6d} {us / 1e3:>8.3f} {b / 1e6:>9.2f} {rate / 1e9:>8.1f} {roof}")
     if cuda:
         print(f"[memory] peak allocated {torch.cuda.max_memory_allocated(device) / 2**20:.0f} MiB")
+    if args.host_profile:
+        host_profile(fn, device, args.host_profile, args.rows)
+
+
+def host_profile(fn, device: torch.device, calls: int, rows: int) -> None:
+    """cProfile of ``calls`` eager calls (after the profiled ones), top ``rows`` by own time."""
+    import cProfile
+    import io
+    import pstats
+    import time
+
+    synchronize(device)
+    profiler = cProfile.Profile()
+    t0 = time.perf_counter()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    synchronize(device)
+    profiler.disable()
+    wall = (time.perf_counter() - t0) / calls
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(rows)
+    print(f"[host] cProfile of {calls} calls, {wall * 1e3:.2f} ms per call under the profiler; own time:")
+    print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[-6000:])
 
 
 def main() -> None:
@@ -190,6 +217,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--rows", type=int, default=30)
+    parser.add_argument("--host-profile", type=int, default=0, metavar="N", help="also cProfile N eager calls (host time)")
     args = parser.parse_args()
     if args.model not in MODELS:
         parser.error(f"--model must be one of {list(MODELS)}, got {args.model!r}")
