@@ -36,17 +36,18 @@ It owns what a simulation needs around the model call:
     copied into the captured buffers; the graph is captured again only when a capacity grows
     (or the system changes). CUDA only; with a compile mode that replays CUDA graphs itself
     (``reduce-overhead``, ``max-autotune``) the model inside is compiled without them;
-  - ``"auto"`` (default): ``"dynamic"`` with a compile mode that replays CUDA graphs
-    (``reduce-overhead``, ``max-autotune``: the Predictor's own graphs); otherwise, when the
-    list is reused (``skin > 0``) and padding is not switched off, ``"static"`` on CUDA or
-    wherever the model is padded anyway (``pad=True`` or compiled); else ``"dynamic"`` (eager
-    on the CPU, where padding a small molecule to the capacity multiples would cost more than
-    the compaction saves: ethanol padded to 128 atoms is slower). ``"graph"`` is chosen only
-    explicitly for now: on the H200 (2026-12-01, i2c3f20l2r, reduce-overhead) it took 5.0 and
-    24.1 ms a step on water and diamond against the dynamic step's 4.3 and 6.0 ms, because
-    the free edge slots all fell on one or two padding atoms (since spread over enough
-    padding atoms; not yet measured on a GPU). If a capture that the engine chose fails, it
-    warns and continues with ``"static"``; an explicit ``step="graph"`` raises.
+  - ``"auto"`` (default): when the list is reused (``skin > 0``) and padding is not switched
+    off, ``"graph"`` on CUDA with a compile mode that replays CUDA graphs (``reduce-overhead``,
+    ``max-autotune``) if :data:`AUTO_GRAPH_STEP` is on, else ``"dynamic"`` there (the
+    Predictor's own graphs); ``"static"`` on CUDA otherwise or wherever the model is padded
+    anyway (``pad=True`` or compiled); else ``"dynamic"`` (eager on the CPU, where padding a
+    small molecule to the capacity multiples would cost more than the compaction saves:
+    ethanol padded to 128 atoms is slower). :data:`AUTO_GRAPH_STEP` is off: on the H200
+    (2026-12-01, i2c3f20l2r, reduce-overhead) the graph step took 5.0 and 24.1 ms a step on
+    water and diamond against the dynamic step's 4.3 and 6.0 ms, because the free edge slots
+    fell on one to three padding atoms (now spread over enough padding atoms; not yet timed
+    on a GPU). If a capture that the engine chose fails, it warns and continues with
+    ``"static"``; an explicit ``step="graph"`` raises.
 """
 
 from __future__ import annotations
@@ -74,6 +75,10 @@ __all__ = ["Engine", "COMPILE_MODES", "STEP_MODES"]
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 STEP_MODES = ("auto", "dynamic", "static", "graph")
+# Whether step "auto" captures the graph step on CUDA with a CUDA-graph compile mode: off until
+# the graph step (with the padding edges spread, 2026-12-01) is measured faster on a GPU than
+# the dynamic step (benchmarks/RESULTS.md: 24.1 against 6.0 ms a diamond step before).
+AUTO_GRAPH_STEP = False
 # the compile mode of the model inside a captured step: the same without its own CUDA graphs
 _WITHOUT_CUDA_GRAPHS = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 
@@ -185,8 +190,10 @@ class Engine:
         self._graph_fallback = step == "auto"
         if step == "auto":
             step = "dynamic"
-            if skin > 0 and pad is not False and compile_mode not in CUDA_GRAPH_MODES:
-                if self.device.type == "cuda" or pad or compile_mode is not None:
+            if skin > 0 and pad is not False:
+                if self.device.type == "cuda" and compile_mode in CUDA_GRAPH_MODES:
+                    step = "graph" if AUTO_GRAPH_STEP else "dynamic"
+                elif self.device.type == "cuda" or pad or compile_mode is not None:
                     step = "static"
         if step in ("static", "graph") and pad is False:
             raise ValueError(f"step={step!r} pads to static capacities: it cannot run with pad=False")

@@ -221,7 +221,7 @@ def test_a_failed_capture_falls_back_to_the_eager_step_only_when_the_engine_chos
     monkeypatch.setattr(engine_module, "CapturedStep", failing)
     atoms = water_box()
     chosen = Engine(model, device="cpu", dtype="float64", skin=0.5, step="static")
-    chosen.step, chosen._graph_fallback = "graph", True  # as when the engine chose the graph itself (step="auto")
+    chosen.step, chosen._graph_fallback = "graph", True  # as step "auto" with AUTO_GRAPH_STEP on CUDA (the graph on a CPU engine)
     with pytest.warns(UserWarning, match="capturing the simulation step as a CUDA graph failed .*continuing with step='static'"):
         r = _evaluate(chosen, atoms)
     assert chosen.step == "static" and "not permitted" in chosen.graph_capture_error and chosen.graph_captures == 0
