@@ -21,6 +21,9 @@ ls .whl/*.whl >/dev/null 2>&1 || { echo "no wheels in .whl: name .whl in the run
 site=$(mktemp -d); python3 -m pip install -q --no-index --no-deps --target "$site" .whl/*.whl
 export PYTHONPATH="$site:$PWD" PYTHONUNBUFFERED=1 FLASHCART_CACHE_DIR=/tmp/fc
 python3 -c "from flashcart.cartesian._backend import torch_ops; torch_ops()"
+# vesin-torch is not among ../shared/device-wheels: add its wheels to .whl (pip download vesin-torch==0.6.2
+# vesin==0.6.2, see the device README) or the GPU neighbour lists fall back to the torch cell list
+python3 -c "from flashcart.data.neighbors import vesin_available; print('vesin-torch loads:', vesin_available())"
 S="n_interactions=2 correlation=3 n_hidden_feats=20 l_max_hidden_feats=2 path_reduced_product=true"
 L="n_interactions=3 correlation=3 n_hidden_feats=64 l_max_hidden_feats=2"
 
