@@ -13,6 +13,7 @@
 #   check    one GPU: diagnose beside the GPU tests of model, integrations, export, Triton parity
 #   verify   one GPU: the inlined-launch fix (model cases, compiled == eager, CUDA .pt2), then opaque vs inlined timings
 #   next     one GPU: the CUDA .pt2 tests alone (for their tracebacks), an eager call's host profile, MD dynamic vs graph step
+#   timings  one GPU: export benchmark, profiler eager and reduce-overhead for both published models
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
 # Each GPU writes one log per part into OUT (the device tool returns at most 8 files).
@@ -135,6 +136,21 @@ next)
     timeout 100 python3 benchmarks/md_vs_profile.py --structure $st --device gpu --r-max 6 --steps 200 --repeat 20 \
       --compile-mode reduce-overhead --step-mode dynamic graph --model $S 2>&1 | grep -viE "warn"
   done > "$out/md.log" 2>&1
+  ;;
+timings)
+  # one GPU, after next: the export benchmark (issue 12) and the profiler at both modes with the
+  # ops inlined (the default since 2026-12-01), one at a time
+  timeout 260 python3 benchmarks/export.py --device cuda --structures water diamond --r-max 6 --repeat 50 --model $S \
+    > "$out/export.log" 2>&1
+  for m in S L; do
+    eval "opts=\$$m"
+    for mode in eager reduce-overhead; do
+      extra="profile_phase=inference profile_row_limit=1"
+      [ $mode = reduce-overhead ] && extra="$extra profile_compile_predict=true profile_compile_mode=reduce-overhead"
+      echo "=== profiler $m $mode"
+      timeout 75 bash benchmarks/profile_diamond.sh $opts $extra 2>&1 | grep -E "^\[|s/run|Error"
+    done
+  done > "$out/profiler.log" 2>&1
   ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
