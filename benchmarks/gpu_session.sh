@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# GPU calls on a two-GPU machine (nvidia-h200-x2) that verify and measure what CPU sessions
-# built. The device tool allows 10 minutes per command, so the work comes in parts, one per
-# call, each keeping both GPUs busy:
+# GPU calls that verify and measure what CPU sessions built: tests, measure, diagnose and ddp on
+# a two-GPU machine (nvidia-h200-x2), each keeping both GPUs busy; check, verify, next and
+# timings on one GPU (nvidia-h200). The device tool allows 10 minutes per command, so the work
+# comes in parts, one per call:
 #   tests    GPU 0: tests/export (CUDA .pt2 stages in subprocesses), tests/model, tests/integrations
 #            GPU 1: tests/cartesian, tests/data, tests/simulation, tests/test_*.py
 #            then both: tests/training (NCCL)
