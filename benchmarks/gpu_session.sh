@@ -42,6 +42,14 @@ gpu_tests() {  # GPU index, then DIRECTORY:SECONDS pairs (the call has 10 minute
   done
 }
 
+profile_run() {  # MODEL (S or L) MODE (eager or a compile mode) PHASE SECONDS: the profiler on the diamond cell
+  eval "opts=\$$1"
+  extra="profile_phase=$3 profile_row_limit=1"
+  [ "$2" = eager ] || extra="$extra profile_compile_predict=true profile_compile_mode=$2"
+  echo "=== profiler $1 $2 (FLASHCART_INLINE_TRITON_OPS=${FLASHCART_INLINE_TRITON_OPS:-default})"
+  timeout "$4" bash benchmarks/profile_diamond.sh $opts $extra 2>&1 | grep -E "^\[|parameters|s/run|Error"
+}
+
 case $part in
 tests)
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -62,15 +70,7 @@ measure)
     timeout 90 python3 benchmarks/kernels.py --features 20 64 128 --backends triton
     for m in i2c3f20l2r i3c3f64l2; do timeout 45 python3 benchmarks/linear_tiles.py --model $m; done  # FLASHCART_LINEAR_TILES shapes
     for m in i2c3f20l2r i3c3f64l2; do timeout 120 python3 benchmarks/kernel_profile.py --device cuda --model $m --repeat 5; done
-    for m in S L; do
-      eval "opts=\$$m"
-      for mode in eager reduce-overhead; do
-        extra="profile_phase=both profile_row_limit=1"
-        [ $mode = reduce-overhead ] && extra="$extra profile_compile_predict=true profile_compile_mode=reduce-overhead"
-        echo "=== profiler $m $mode"
-        timeout 45 bash benchmarks/profile_diamond.sh $opts $extra 2>&1 | grep -E "^\[|parameters|s/run|Error"
-      done
-    done
+    for m in S L; do for mode in eager reduce-overhead; do profile_run $m $mode both 45; done; done
   ) > "$out/measure_gpu0.log" 2>&1 &
   (
     export CUDA_VISIBLE_DEVICES=1
@@ -113,16 +113,10 @@ verify)
   gpu_tests 0 tests/export:300 > "$out/tests_export.log" 2>&1 &
   wait
   (
-    run_profile() {  # MODEL MODE INLINE
-      eval "opts=\$$1"
-      extra="profile_phase=both profile_row_limit=1 profile_compile_predict=true profile_compile_mode=$2"
-      echo "=== profiler $1 $2 inline=$3"
-      FLASHCART_INLINE_TRITON_OPS=$3 timeout 50 bash benchmarks/profile_diamond.sh $opts $extra 2>&1 | grep -E "^\[|s/run|Error"
-    }
-    run_profile S reduce-overhead 1; run_profile S reduce-overhead 0
+    FLASHCART_INLINE_TRITON_OPS=1 profile_run S reduce-overhead both 50; FLASHCART_INLINE_TRITON_OPS=0 profile_run S reduce-overhead both 50
     for m in i3c3f64l2 i2c3f20l2r; do timeout 45 python3 benchmarks/linear_tiles.py --model $m; done
-    run_profile L reduce-overhead 1; run_profile L reduce-overhead 0
-    run_profile S default 1; run_profile S default 0
+    FLASHCART_INLINE_TRITON_OPS=1 profile_run L reduce-overhead both 50; FLASHCART_INLINE_TRITON_OPS=0 profile_run L reduce-overhead both 50
+    FLASHCART_INLINE_TRITON_OPS=1 profile_run S default both 50; FLASHCART_INLINE_TRITON_OPS=0 profile_run S default both 50
   ) > "$out/timings.log" 2>&1
   ;;
 next)
@@ -143,15 +137,7 @@ timings)
   # ops inlined (the default since 2026-12-01), one at a time
   timeout 260 python3 benchmarks/export.py --device cuda --structures water diamond --r-max 6 --repeat 50 --model $S \
     > "$out/export.log" 2>&1
-  for m in S L; do
-    eval "opts=\$$m"
-    for mode in eager reduce-overhead; do
-      extra="profile_phase=inference profile_row_limit=1"
-      [ $mode = reduce-overhead ] && extra="$extra profile_compile_predict=true profile_compile_mode=reduce-overhead"
-      echo "=== profiler $m $mode"
-      timeout 75 bash benchmarks/profile_diamond.sh $opts $extra 2>&1 | grep -E "^\[|s/run|Error"
-    done
-  done > "$out/profiler.log" 2>&1
+  for m in S L; do for mode in eager reduce-overhead; do profile_run $m $mode inference 75; done; done > "$out/profiler.log" 2>&1
   ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
