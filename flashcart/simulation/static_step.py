@@ -14,7 +14,7 @@ without any host synchronisation:
    average (the receiver- and sender-grouped kernels run a row's edges in one program, so
    thousands of padding edges on one padding atom make one program the whole kernel's time:
    on the H200 the captured diamond step took 23 ms against the profiler's 3.1 ms when all
-   the free slots fell on one or two padding atoms). The model therefore sees the
+   the free slots fell on one to three padding atoms). The model therefore sees the
    edges the profiler sees (within ``r_max``), not the ``((r_max + skin) / r_max)^3`` times
    more of the list. The number of pairs within ``r_max`` is reported with the results: more
    than the capacity is an overflow, and the caller must rebuild with a larger capacity (the
