@@ -132,7 +132,7 @@ def bench(name: str, args) -> list[dict]:
             if fmt == "torchscript":
                 export_torchscript(model, atoms, path, dtype, str(device))
             else:
-                export_aoti(model, atoms, path, dtype, str(device), triton=not args.no_triton)
+                export_aoti(model, atoms, path, dtype, str(device), triton=args.triton)
             export_s = time.perf_counter() - t0
             pot = load_exported(path)
             numbers = torch.tensor(atoms.numbers, device=device)
@@ -175,7 +175,11 @@ def main() -> None:
     p.add_argument("--r-max", type=float, default=None)
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--json", default=None, help="also write the rows here")
-    p.add_argument("--no-triton", action="store_true", help="AOTInductor on CUDA: trace the PyTorch backend, not the Triton kernels")
+    p.add_argument(
+        "--triton",
+        action="store_true",
+        help="AOTInductor on CUDA: compile the Triton kernels in, not inductor's kernels for the PyTorch backend",
+    )
     p.add_argument(
         "--openmm-platform", default=None, help="also run the TorchScript file in openmm-torch's TorchForce (Reference, CPU, CUDA)"
     )

@@ -14,6 +14,9 @@
 #   check    one GPU: diagnose beside the GPU tests of model, integrations, export, Triton parity
 #   verify   one GPU: the inlined-launch fix (model cases, compiled == eager, CUDA .pt2), then opaque vs inlined timings
 #   next     one GPU: the CUDA .pt2 tests alone (for their tracebacks), an eager call's host profile, MD dynamic vs graph step
+#   diag     one GPU: the CUDA .pt2 load crash, an engine evaluation's profile, the graph step on water
+#   final    one GPU: the .pt2 crash's native backtrace, the graph step (water with a 1 Å skin, diamond)
+#   aoti     one GPU: the .pt2 crash, Triton-kernel package against the inductor-kernel one; export benchmark
 #   timings  one GPU: export benchmark, profiler eager and reduce-overhead for both published models
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -132,6 +135,31 @@ next)
       --compile-mode reduce-overhead --step-mode dynamic graph --model $S 2>&1 | grep -viE "warn"
   done > "$out/md.log" 2>&1
   ;;
+diag)
+  # one GPU: why the CUDA .pt2 with Triton kernels crashes at load (package contents, loads in
+  # fresh processes, gdb backtrace), where an engine evaluation goes, the graph step on water
+  timeout 220 python3 benchmarks/diagnose_aoti.py --out /tmp/aoti > "$out/aoti.log" 2>&1
+  timeout 80 python3 benchmarks/engine_profile.py --structure water --compile-mode reduce-overhead --rows 30 > "$out/engine.log" 2>&1
+  timeout 170 python3 benchmarks/md_vs_profile.py --structure water --device gpu --r-max 6 --steps 200 --repeat 20 \
+    --compile-mode reduce-overhead --step-mode graph --openmm-spin --model $S 2>&1 | grep -viE "warn" > "$out/md_graph.log" 2>&1
+  ;;
+final)
+  # one GPU, after diag: the .pt2 load crash's native backtrace; the graph step on water with a
+  # 1 Å skin (ASE, and OpenMM on its CPU platform with the model on the GPU) and on diamond
+  timeout 240 python3 benchmarks/diagnose_aoti.py --out /tmp/aoti > "$out/aoti.log" 2>&1
+  timeout 150 python3 benchmarks/md_vs_profile.py --structure water --device gpu --r-max 6 --steps 200 --repeat 20 --skin 1.0 \
+    --compile-mode reduce-overhead --step-mode graph --openmm-platform CPU --model $S 2>&1 | grep -viE "warn" > "$out/md_water_skin1.log" 2>&1
+  timeout 140 python3 benchmarks/md_vs_profile.py --structure diamond --device gpu --r-max 6 --steps 200 --repeat 20 \
+    --compile-mode reduce-overhead --step-mode graph --model $S 2>&1 | grep -viE "warn" > "$out/md_diamond_graph.log" 2>&1
+  ;;
+aoti)
+  # one GPU, the next session's first call: the .pt2 load crash, package with the Triton kernels
+  # against the one with inductor's kernels (which loads): how each links the C++ runtime, which
+  # libstdc++ the loading process maps, native backtrace; then the export benchmark (issue 12)
+  timeout 330 python3 benchmarks/diagnose_aoti.py --out /tmp/aoti --no-triton-too > "$out/aoti.log" 2>&1
+  timeout 240 python3 benchmarks/export.py --device cuda --structures water diamond --r-max 6 --repeat 50 --model $S \
+    > "$out/export.log" 2>&1
+  ;;
 timings)
   # one GPU, after next: the export benchmark (issue 12) and the profiler at both modes with the
   # ops inlined (the default since 2026-12-01), one at a time (about 240 + 315 s)
@@ -146,7 +174,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

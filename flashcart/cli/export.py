@@ -33,9 +33,13 @@ def _parser() -> argparse.ArgumentParser:
         help="aoti only: periodic images enumerated along each lattice vector (default: what --structure needs)",
     )
     p.add_argument(
-        "--no-triton",
+        "--triton",
         action="store_true",
-        help="aoti on cuda only: trace the generated PyTorch backend instead of the model's Triton kernels",
+        help=(
+            "aoti on cuda only: compile the model's Triton kernels into the package instead of inductor's kernels "
+            "for the generated PyTorch backend (with torch 2.11 such packages crash when loaded: the export "
+            "checks and then fails without writing)"
+        ),
     )
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return p
@@ -58,8 +62,8 @@ def export(args: argparse.Namespace) -> Path:
         raise ValueError(f"--device must be cpu or cuda, got {args.device!r}")
     if args.max_images is not None and args.format != "aoti":
         raise ValueError("--max-images applies to --format aoti only (TorchScript files enumerate images from each box)")
-    if args.no_triton and (args.format != "aoti" or args.device != "cuda"):
-        raise ValueError("--no-triton applies to --format aoti --device cuda only (elsewhere the PyTorch backend is always used)")
+    if args.triton and (args.format != "aoti" or args.device != "cuda"):
+        raise ValueError("--triton applies to --format aoti --device cuda only (elsewhere the PyTorch backend is always used)")
     out = Path(args.output)
     if out.suffix != FORMATS[args.format]:
         raise ValueError(f"-o {out}: a {args.format} file must end in {FORMATS[args.format]}")
@@ -74,7 +78,7 @@ def export(args: argparse.Namespace) -> Path:
         if args.format == "torchscript":
             export_torchscript(model, atoms, out, dtype, str(device))
         else:
-            export_aoti(model, atoms, out, dtype, str(device), max_images=args.max_images, triton=not args.no_triton)
+            export_aoti(model, atoms, out, dtype, str(device), max_images=args.max_images, triton=args.triton)
         bar.update(2)
     return out
 

@@ -23,14 +23,20 @@ Load it with ``torch._inductor.aoti_load_package(path)`` (Python) or
 
 Built by tracing energy and its gradient with ``make_fx`` (``torch.export`` cannot trace
 ``torch.autograd.grad`` itself), exporting that graph with a dynamic atom count and compiling
-it with ``torch._inductor.aoti_compile_and_package``. On CUDA with ``use_triton`` models the
-Triton kernels (``torch.library.triton_op``) are compiled into the package.
+it with ``torch._inductor.aoti_compile_and_package``. On CUDA the package runs inductor's own
+kernels for the generated PyTorch backend (default), or with ``triton=True`` the model's Triton
+kernels (``torch.library.triton_op``), compiled in. Every package is loaded once in a fresh
+process before it is written: one that does not load (the ``triton=True`` packages crash in
+torch 2.11's loader on the H200, benchmarks/RESULTS.md 2026-12-01) fails the export and leaves
+``path`` untouched.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -40,7 +46,7 @@ from ..model.potential import FlashCartPotential
 from .model import frozen_copy, structure_energy
 from .neighbors import image_table, images_needed, pair_list, reciprocal_rows, wrap_positions
 
-__all__ = ["build_aoti_graph", "export_aoti", "FORMAT", "required_images"]
+__all__ = ["build_aoti_graph", "check_package_loads", "export_aoti", "FORMAT", "required_images"]
 
 FORMAT = "flashcart-aoti-1"
 
@@ -115,11 +121,13 @@ def _example(atoms, dtype: torch.dtype, device: torch.device):
     )
 
 
-def build_aoti_graph(model: FlashCartPotential, atoms, dtype: torch.dtype, device: str, max_images: int | None = None, triton: bool = True):
+def build_aoti_graph(
+    model: FlashCartPotential, atoms, dtype: torch.dtype, device: str, max_images: int | None = None, triton: bool = False
+):
     """``(exported program, example inputs, metadata)`` for :func:`export_aoti`.
 
     ``triton=False`` traces the generated PyTorch backend on CUDA too (inductor then writes
-    its own kernels for it) instead of the model's Triton kernels.
+    its own kernels for it); ``triton=True`` traces a ``use_triton`` model's Triton kernels.
     """
     device = torch.device(device)
     cutoff = float(model.r_max)
@@ -166,9 +174,14 @@ def export_aoti(
     device: str = "cpu",
     max_images: int | None = None,
     inductor_configs: dict | None = None,
-    triton: bool = True,
+    triton: bool = False,
+    check_load: bool = True,
 ) -> Path:
-    """Compile the package for ``model`` (example structure ``atoms``) and write it to ``path`` atomically."""
+    """Compile the package for ``model`` (example structure ``atoms``) and write it to ``path`` atomically.
+
+    ``check_load``: load the compiled package in a fresh Python process first and raise a
+    ``RuntimeError`` (writing nothing) if that fails or crashes.
+    """
     program, _, metadata = build_aoti_graph(model, atoms, dtype, device, max_images, triton)
     configs = {"aot_inductor.metadata": metadata}
     if torch.device(device).type == "cpu":
@@ -180,8 +193,36 @@ def export_aoti(
     os.close(fd)
     try:
         torch._inductor.aoti_compile_and_package(program, package_path=tmp, inductor_configs=configs)
+        if check_load:
+            check_package_loads(tmp, triton_kernels=triton and torch.device(device).type == "cuda")
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+_LOAD_CHECK = "import sys, torch; torch._inductor.aoti_load_package(sys.argv[1])"
+
+
+def check_package_loads(path: str | Path, timeout: float = 600.0, triton_kernels: bool = False) -> None:
+    """Load the package at ``path`` in a fresh Python process (which need not import FlashCart);
+    a ``RuntimeError`` naming the file, the exit status and the end of its error output if that
+    fails, crashes or takes longer than ``timeout`` seconds."""
+    cmd = [sys.executable, "-X", "faulthandler", "-c", _LOAD_CHECK, str(path)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"loading the compiled package {path} took longer than {timeout:.0f} s in a fresh process") from None
+    if proc.returncode == 0:
+        return
+    how = f"crashed (signal {-proc.returncode})" if proc.returncode < 0 else f"failed (exit status {proc.returncode})"
+    hint = ""
+    if triton_kernels:
+        hint = (
+            " Packages with the Triton kernels compiled in crash in torch 2.11's package loader "
+            "(inside AOTInductorModel's constructor; benchmarks/RESULTS.md, 2026-12-01): export without "
+            "--triton (inductor's kernels for the generated PyTorch backend)."
+        )
+    tail = "\n".join(proc.stderr.strip().splitlines()[-12:])
+    raise RuntimeError(f"the compiled package {path} {how} when loaded in a fresh process; nothing was written.{hint}\n{tail}")

@@ -42,11 +42,10 @@ It owns what a simulation needs around the model call:
     Predictor's own graphs); ``"static"`` on CUDA otherwise or wherever the model is padded
     anyway (``pad=True`` or compiled); else ``"dynamic"`` (eager on the CPU, where padding a
     small molecule to the capacity multiples would cost more than the compaction saves:
-    ethanol padded to 128 atoms is slower). :data:`AUTO_GRAPH_STEP` is off: on the H200
-    (2026-12-01, i2c3f20l2r, reduce-overhead) the graph step took 5.0 and 24.1 ms a step on
-    water and diamond against the dynamic step's 4.3 and 6.0 ms, because the free edge slots
-    fell on one to three padding atoms (now spread over enough padding atoms; not yet timed
-    on a GPU). If a capture that the engine chose fails, it warns and continues with
+    ethanol padded to 128 atoms is slower). :data:`AUTO_GRAPH_STEP` is on: on the H200
+    (2026-12-01, i2c3f20l2r, reduce-overhead, skin 0.5 Å) the graph step took 3.09 and
+    4.12 ms an ASE step on water and diamond against the dynamic step's 4.00 and 5.48 ms (the
+    model sees only the pairs within ``r_max``). If a capture that the engine chose fails, it warns and continues with
     ``"static"``; an explicit ``step="graph"`` raises.
 """
 
@@ -75,10 +74,11 @@ __all__ = ["Engine", "COMPILE_MODES", "STEP_MODES"]
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 STEP_MODES = ("auto", "dynamic", "static", "graph")
-# Whether step "auto" captures the graph step on CUDA with a CUDA-graph compile mode: off until
-# the graph step (with the padding edges spread, 2026-12-01) is measured faster on a GPU than
-# the dynamic step (benchmarks/RESULTS.md: 24.1 against 6.0 ms a diamond step before).
-AUTO_GRAPH_STEP = False
+# Whether step "auto" captures the graph step on CUDA with a CUDA-graph compile mode: on since the
+# graph step (padding edges spread) was measured faster than the dynamic step on the H200
+# (benchmarks/RESULTS.md, 2026-12-01: 3.09 against 4.00 ms an ASE step on water, 4.12 against
+# 5.48 ms on diamond).
+AUTO_GRAPH_STEP = True
 # the compile mode of the model inside a captured step: the same without its own CUDA graphs
 _WITHOUT_CUDA_GRAPHS = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 

@@ -128,6 +128,35 @@ def test_max_images_below_the_structure_need_is_refused(small_model, tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+def test_a_package_that_does_not_load_is_refused_and_nothing_is_written(small_model, package64, tmp_path, monkeypatch):
+    """The export loads every package in a fresh process first (the CUDA packages with Triton
+    kernels crashed in torch's loader on the H200): a crash there fails the export with the
+    file named and leaves an existing file untouched. Here a real package is "compiled" (copied)
+    and the loading process is made to crash."""
+    import flashcart.export.aoti as aoti
+
+    target = tmp_path / "m.pt2"
+    target.write_bytes(b"the previous package")
+    monkeypatch.setattr(
+        torch._inductor,
+        "aoti_compile_and_package",
+        lambda program, package_path, inductor_configs: __import__("shutil").copyfile(package64, package_path),
+    )
+    monkeypatch.setattr(
+        aoti, "_LOAD_CHECK", "import os, signal, sys; print('loading', sys.argv[1], file=sys.stderr); os.kill(os.getpid(), signal.SIGSEGV)"
+    )
+    with pytest.raises(RuntimeError, match=r"crashed \(signal 11\) when loaded in a fresh process; nothing was written") as err:
+        export_aoti(small_model, ethanol(), target, torch.float64, max_images=2, triton=True, device="cpu")
+    assert "loading" in str(err.value) and ".m.pt2." in str(err.value)  # the temporary file, with the child's error output
+    assert target.read_bytes() == b"the previous package" and sorted(p.name for p in tmp_path.iterdir()) == ["m.pt2"]
+    # the real check on the real package passes, and a file that is not a package fails it
+    monkeypatch.undo()
+    aoti.check_package_loads(package64, timeout=300)
+    (tmp_path / "bad.pt2").write_bytes(b"not a zip archive")
+    with pytest.raises(RuntimeError, match=r"bad\.pt2 failed \(exit status 1\) when loaded"):
+        aoti.check_package_loads(tmp_path / "bad.pt2", timeout=300)
+
+
 @pytest.mark.slow
 def test_float32_package(small_model, tmp_path):
     """float32, exported on the periodic cell (images from it), evaluated on it and on a molecule."""

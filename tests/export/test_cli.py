@@ -57,7 +57,7 @@ def test_missing_structure_and_bad_options(checkpoint, structure, tmp_path, caps
     _fails(capsys, base + ["--structure", structure, "--dtype", "float16"], "--dtype must be float32 or float64", out)
     _fails(capsys, base + ["--structure", structure, "--device", "tpu"], "--device must be cpu or cuda", out)
     _fails(capsys, base + ["--structure", structure, "--max-images", "2"], "--max-images applies to --format aoti only", out)
-    _fails(capsys, base + ["--structure", structure, "--no-triton"], "--no-triton applies to --format aoti --device cuda only", out)
+    _fails(capsys, base + ["--structure", structure, "--triton"], "--triton applies to --format aoti --device cuda only", out)
     wrong = tmp_path / "m.pt2"
     _fails(capsys, [checkpoint, "--format", "torchscript", "--structure", structure, "-o", wrong], "must end in .pt", wrong)
 

@@ -23,7 +23,7 @@ def _triton_model() -> FlashCartPotential:
 
 
 def test_cuda_graph_uses_the_triton_kernels():
-    program, _, _ = build_aoti_graph(_triton_model(), ethanol(), torch.float64, "cuda")
+    program, _, _ = build_aoti_graph(_triton_model(), ethanol(), torch.float64, "cuda", triton=True)
     targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
     assert any("flashcart" in t for t in targets), sorted(targets)[:20]
 
@@ -37,11 +37,16 @@ from flashcart.export import export_aoti
 from tests.export.test_gpu_export import _triton_model
 from tests.export.conftest import ethanol
 dtype = getattr(torch, sys.argv[2])
-export_aoti(_triton_model(), ethanol(), sys.argv[1], dtype, "cuda", max_images=2, triton=sys.argv[3] == "1")
+try:
+    export_aoti(_triton_model(), ethanol(), sys.argv[1], dtype, "cuda", max_images=2, triton=sys.argv[3] == "1")
+except RuntimeError as err:
+    if "when loaded in a fresh process; nothing was written" not in str(err):
+        raise
+    print("REFUSED", err)
 """
 
 
-def _stage(name: str, code: str, *args, cwd, isolated: bool = False) -> None:
+def _stage(name: str, code: str, *args, cwd, isolated: bool = False) -> str:
     import subprocess
     import sys
     from pathlib import Path
@@ -50,12 +55,20 @@ def _stage(name: str, code: str, *args, cwd, isolated: bool = False) -> None:
     cmd = [sys.executable, *(["-I"] if isolated else []), "-X", "faulthandler", "-c", code, *map(str, args)]
     proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, f"stage {name!r} exited with {proc.returncode}:\n{proc.stderr[-6000:]}"
+    return proc.stdout
 
 
-@pytest.mark.parametrize("dtype, tol, triton", [(torch.float64, 1e-10, True), (torch.float32, 1e-5, True), (torch.float32, 1e-5, False)])
+# triton=True: the package with the Triton kernels compiled in crashed inside torch 2.11's
+# package loader on the H200 (2026-12-01); the export's load check must then refuse it and write
+# nothing. Once it loads, it must compute what the Predictor computes like the others.
+@pytest.mark.parametrize("dtype, tol, triton", [(torch.float64, 1e-10, False), (torch.float32, 1e-5, False), (torch.float32, 1e-5, True)])
 def test_cuda_package_matches_predictor(tmp_path, dtype, tol, triton):
     path = tmp_path / "m.pt2"
-    _stage("export", _EXPORT, path, str(dtype).replace("torch.", ""), int(triton), cwd=tmp_path)
+    out = _stage("export", _EXPORT, path, str(dtype).replace("torch.", ""), int(triton), cwd=tmp_path)
+    if "REFUSED" in out:
+        assert triton and not path.exists() and not list(tmp_path.glob(".m.pt2*")), out
+        assert "export without --triton" in out, out
+        pytest.xfail("the package with the Triton kernels does not load (torch's package loader crashes); the export refused it")
     small = crystal()
     small.set_cell(small.cell.array * 0.72, scale_atoms=True)
     tiny = crystal()
