@@ -17,7 +17,8 @@
 #   diag     one GPU: the CUDA .pt2 load crash, an engine evaluation's profile, the graph step on water
 #   final    one GPU: the .pt2 crash's native backtrace, the graph step (water with a 1 Å skin, diamond)
 #   aoti     one GPU: the .pt2 crash, Triton-kernel package against the inductor-kernel one; export benchmark
-#   timings  one GPU: export benchmark, profiler eager and reduce-overhead for both published models
+#   timings  one GPU: profiler eager and reduce-overhead for both published models, the Triton .pt2 refusal
+#   recheck  one GPU: GPU tests of integrations, model and export after the 2026-12-01 afternoon defaults
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
 # Each GPU writes one log per part into OUT (the device tool returns at most 8 files).
@@ -31,11 +32,12 @@ python3 -c "from flashcart.cartesian._backend import torch_ops; torch_ops()"
 python3 -c "from flashcart.data.neighbors import vesin_available; print('vesin-torch loads:', vesin_available())"
 S="n_interactions=2 correlation=3 n_hidden_feats=20 l_max_hidden_feats=2 path_reduced_product=true"
 L="n_interactions=3 correlation=3 n_hidden_feats=64 l_max_hidden_feats=2"
+X=tests/export/test_gpu_export.py
 
-gpu_tests() {  # GPU index, then DIRECTORY:SECONDS pairs (the call has 10 minutes in all)
+gpu_tests() {  # GPU index, then PATHS:SECONDS items (PATHS: space-separated paths or node ids; the call has 10 minutes in all)
   local gpu=$1; shift
   for item in "$@"; do
-    d=${item%%:*}; t=${item##*:}
+    d=${item%:*}; t=${item##*:}  # the limit after the last colon (node ids contain "::")
     paths=$d; [ "$d" = top ] && paths=$(ls tests/test_*.py)
     echo "=== $d (limit ${t} s)"
     # whole log (failures with their tracebacks), without the captured debug logging; at the
@@ -161,20 +163,27 @@ aoti)
     > "$out/export.log" 2>&1
   ;;
 timings)
-  # one GPU, after next: the export benchmark (issue 12) and the profiler at both modes with the
-  # ops inlined (the default since 2026-12-01), one at a time (about 240 + 315 s)
-  timeout 240 python3 benchmarks/export.py --device cuda --structures water diamond --r-max 6 --repeat 50 --model $S \
-    > "$out/export.log" 2>&1
+  # one GPU, after aoti: the profiler at both modes with the ops inlined (the default since
+  # 2026-12-01), one at a time (about 315 s), then the CUDA package with the Triton kernels: the
+  # export must refuse it while torch's loader crashes on it (or, once it loads, match)
   # i2c3f20l2r's reduce-overhead run includes the training step: the first compiled training on
   # the GPU with the fused double-backward kernels inlined
   (profile_run S eager inference 60; profile_run S reduce-overhead both 120
    profile_run L eager inference 60; profile_run L reduce-overhead inference 75) > "$out/profiler.log" 2>&1
+  gpu_tests 0 "$X::test_cuda_package_matches_predictor[dtype2-1e-05-True]:200" > "$out/tests_export_triton.log" 2>&1
+  ;;
+recheck)
+  # one GPU: the GPU tests that the 2026-12-01 afternoon changes touch (step "auto" captures the
+  # graph step with reduce-overhead; CUDA packages of inductor's kernels by default)
+  gpu_tests 0 tests/integrations:290 tests/model:80 \
+    "$X::test_cuda_package_matches_predictor[dtype0-1e-10-False] $X::test_cuda_torchscript_matches_predictor $X::test_cuda_graph_uses_the_triton_kernels:190" \
+    > "$out/tests_recheck.log" 2>&1
   ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done
