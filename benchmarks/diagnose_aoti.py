@@ -138,8 +138,12 @@ def describe(path: Path) -> None:
                         lines = log.splitlines()
                         if tool[0] == "nm":
                             lines = [x for x in lines if re.search(r"locale|regex|collate|ctype|codecvt", x)]
-                            print(f"  nm: {len(lines)} defined dynamic symbols about locale/regex, e.g.")
-                            lines = lines[:8]
+                            # libstdc++'s own (non-template) definitions: present only if parts of
+                            # the C++ runtime were linked into the wrapper (2026-12-01: the crash
+                            # is a virtual call that lands in codecvt<char16_t>::do_unshift)
+                            own = [x for x in lines if re.search(r"do_unshift|ctype<char>::id|locale::id|locale::classic|_S_classic", x)]
+                            print(f"  nm: {len(lines)} defined dynamic symbols about locale/regex; libstdc++'s own: {len(own)}")
+                            lines = own[:12] + lines[:4]
                         print("    " + "\n    ".join(lines[:25]))
         print(f"  ... and {len(cubins)} .cubin files")
         for name in names:
