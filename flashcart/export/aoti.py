@@ -194,7 +194,7 @@ def export_aoti(
     try:
         torch._inductor.aoti_compile_and_package(program, package_path=tmp, inductor_configs=configs)
         if check_load:
-            check_package_loads(tmp, triton_kernels=triton and torch.device(device).type == "cuda")
+            check_package_loads(tmp, triton_kernels=triton and torch.device(device).type == "cuda", written=False)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -205,15 +205,17 @@ def export_aoti(
 _LOAD_CHECK = "import sys, torch; torch._inductor.aoti_load_package(sys.argv[1])"
 
 
-def check_package_loads(path: str | Path, timeout: float = 600.0, triton_kernels: bool = False) -> None:
+def check_package_loads(path: str | Path, timeout: float = 600.0, triton_kernels: bool = False, written: bool = True) -> None:
     """Load the package at ``path`` in a fresh Python process (which need not import FlashCart);
     a ``RuntimeError`` naming the file, the exit status and the end of its error output if that
-    fails, crashes or takes longer than ``timeout`` seconds."""
+    fails, crashes or takes longer than ``timeout`` seconds. ``written=False`` (the export's
+    check of its temporary file) says in the error that nothing was written."""
+    outcome = "" if written else "; nothing was written"
     cmd = [sys.executable, "-X", "faulthandler", "-c", _LOAD_CHECK, str(path)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise RuntimeError(f"loading the compiled package {path} took longer than {timeout:.0f} s in a fresh process") from None
+        raise RuntimeError(f"loading the compiled package {path} took longer than {timeout:.0f} s in a fresh process{outcome}") from None
     if proc.returncode == 0:
         return
     how = f"crashed (signal {-proc.returncode})" if proc.returncode < 0 else f"failed (exit status {proc.returncode})"
@@ -225,4 +227,4 @@ def check_package_loads(path: str | Path, timeout: float = 600.0, triton_kernels
             "--triton (inductor's kernels for the generated PyTorch backend)."
         )
     tail = "\n".join(proc.stderr.strip().splitlines()[-12:])
-    raise RuntimeError(f"the compiled package {path} {how} when loaded in a fresh process; nothing was written.{hint}\n{tail}")
+    raise RuntimeError(f"the compiled package {path} {how} when loaded in a fresh process{outcome}.{hint}\n{tail}")
