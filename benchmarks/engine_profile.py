@@ -41,6 +41,12 @@ def main() -> None:
     p.add_argument("--skin", type=float, default=0.5)
     p.add_argument("--r-max", type=float, default=6.0)
     p.add_argument("--calls", type=int, default=50)
+    p.add_argument(
+        "--jitter",
+        type=float,
+        default=0.005,
+        help="Å: std of the random displacement from fixed positions each call (small: the list is reused)",
+    )
     p.add_argument("--rows", type=int, default=25)
     p.add_argument("--model", nargs="*", default=S, help="KEY=VALUE model options (default: i2c3f20l2r)")
     args = p.parse_args()
@@ -55,7 +61,7 @@ def main() -> None:
     base = atoms.positions.copy()
 
     def call():
-        pos = base + rng.normal(scale=0.02, size=base.shape)  # |d| well within skin/2
+        pos = base + rng.normal(scale=args.jitter, size=base.shape)
         return engine.evaluate(pos, atoms.numbers, cell, atoms.pbc)
 
     for _ in range(20):  # compilation, capacities, first list
