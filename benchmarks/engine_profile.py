@@ -24,12 +24,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.kernel_profile import MODELS  # noqa: E402
 from benchmarks.md_vs_profile import structure  # noqa: E402
 from flashcart.config import load_config  # noqa: E402
 from flashcart.model import FlashCartPotential  # noqa: E402
 from flashcart.simulation import Engine  # noqa: E402
-
-S = ["n_interactions=2", "correlation=3", "n_hidden_feats=20", "l_max_hidden_feats=2", "path_reduced_product=true"]
 
 
 def main() -> None:
@@ -48,7 +47,7 @@ def main() -> None:
         help="Å: std of the random displacement from fixed positions each call (small: the list is reused)",
     )
     p.add_argument("--rows", type=int, default=25)
-    p.add_argument("--model", nargs="*", default=S, help="KEY=VALUE model options (default: i2c3f20l2r)")
+    p.add_argument("--model", nargs="*", default=MODELS["i2c3f20l2r"], help="KEY=VALUE model options (default: i2c3f20l2r)")
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

@@ -104,8 +104,8 @@ def inline_triton_ops() -> bool:
     3.5 ms inlined in the default mode and 3.10 ms (inlined) / 3.11 ms (opaque) with
     reduce-overhead. (The inlined launches had hit an illegal memory access there until the
     linear maps' kernel stopped reading its launch table through a jit helper, which inductor
-    took for a write of the table.) AOTInductor packages always inline them: they must run
-    without Python.
+    took for a write of the table.) AOTInductor packages exported with the Triton kernels
+    (``export_aoti(triton=True)``) always inline them: they must run without Python.
     """
     raw = os.environ.get("FLASHCART_INLINE_TRITON_OPS", "1")
     if raw not in ("0", "1", ""):

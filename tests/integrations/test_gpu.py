@@ -91,6 +91,9 @@ def test_graph_step_equals_the_eager_engine_along_md_with_rebuilds(model, compil
     frames = _md_frames(model, atoms, steps=40, skin=0.3)
     chosen = Engine(model, device="cuda", dtype="float32", skin=0.3, compile_mode=compile_mode, headroom=0.5)
     assert chosen.step == (("graph" if AUTO_GRAPH_STEP else "dynamic") if compile_mode else "static")
+    pos, energy, _ = frames[0]
+    assert abs(chosen.evaluate(pos, atoms.numbers, atoms.cell.array, atoms.pbc).energy - energy) < 1e-5 * max(1.0, abs(energy))
+    assert chosen.graph_capture_error is None  # step "auto" did not fall back to the eager step
     graph = Engine(model, device="cuda", dtype="float32", skin=0.3, compile_mode=compile_mode, headroom=0.5, step="graph")
     for pos, energy, forces in frames:
         r = graph.evaluate(pos, atoms.numbers, atoms.cell.array, atoms.pbc)
