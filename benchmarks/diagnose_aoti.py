@@ -25,6 +25,12 @@ ROOT = Path(__file__).resolve().parents[1]
 EXPORT = """
 import sys, torch
 sys.path.insert(0, {root!r})
+import torch._inductor.cpp_builder as cb
+_build = cb.CppBuilder.build
+def build(self):  # the compiler command of every object and of the link (how the wrapper gets its C++ runtime)
+    print("[compile]", self.get_command_line()[:1500], flush=True)
+    return _build(self)
+cb.CppBuilder.build = build
 from flashcart.export import export_aoti
 from tests.export.test_gpu_export import _triton_model
 from tests.export.conftest import ethanol
@@ -35,7 +41,7 @@ export_aoti(_triton_model(), ethanol(), sys.argv[1], torch.float32, "cuda", max_
 LOAD = """
 import sys, torch
 {before}
-print("libstdc++ mapped:", sorted({l.split()[-1] for l in open("/proc/self/maps") if "libstdc++" in l}), flush=True)
+print("libstdc++ mapped:", sorted(set(l.split()[-1] for l in open("/proc/self/maps") if "libstdc++" in l)), flush=True)
 print("loading", flush=True)
 runner = torch._inductor.aoti_load_package(sys.argv[1])
 print("loaded", flush=True)
@@ -185,18 +191,39 @@ def main() -> None:
     p.add_argument("--out", default="/tmp/aoti")
     p.add_argument("--configs", nargs="*", default=["{}"], help="inductor_configs dicts, one package per entry")
     p.add_argument("--no-triton-too", action="store_true", help="also the package of inductor's kernels (it loads), to compare")
+    p.add_argument("--export-timeout", type=float, default=400, help="s for all exports together")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     gdb = shutil.which("gdb")
     print(f"gdb: {gdb}")
     cases = [(c, "1") for c in args.configs] + ([("{}", "0")] if args.no_triton_too else [])
+    rc, log = run(["bash", "-c", "g++ --version | head -1; gcc --version | head -1; ld --version | head -1"], 30)
+    print(log)
+    # every package at once (compiling the wrappers takes minutes each, on one core each)
+    t = time.perf_counter()
+    procs = []
     for i, (configs, triton) in enumerate(cases):
         path = out / f"m{i}.pt2"
+        cmd = [sys.executable, "-X", "faulthandler", "-c", EXPORT.format(root=str(ROOT)), str(path), triton, configs]
+        log_file = out / f"export{i}.log"  # a file, not a pipe: a full pipe would stall the export
+        with open(log_file, "w") as f:
+            procs.append((subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, text=True), log_file))
+    logs = []
+    for proc, log_file in procs:
+        try:
+            rc = proc.wait(timeout=max(10, args.export_timeout - (time.perf_counter() - t)))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = -999
+        logs.append((rc, log_file.read_text()))
+    for i, ((configs, triton), (rc, log)) in enumerate(zip(cases, logs)):
+        path = out / f"m{i}.pt2"
         print(f"\n=== package {i}: triton={triton} inductor_configs={configs}")
-        t = time.perf_counter()
-        rc, log = run([sys.executable, "-X", "faulthandler", "-c", EXPORT.format(root=str(ROOT)), str(path), triton, configs], 400)
-        print(f"[export] rc={rc} in {time.perf_counter() - t:.0f} s")
+        print(f"[export] rc={rc} (all exports together: {time.perf_counter() - t:.0f} s)")
+        for line in log.splitlines():
+            if line.startswith("[compile]"):
+                print("  " + line)
         if rc != 0:
             print(log[-3000:])
             continue

@@ -77,6 +77,14 @@ def torchforce_row(path: Path, atoms, reference: dict, tag: str, args) -> dict:
     }
 
 
+def emit(rows: list[dict], row: dict) -> None:
+    """Append ``row`` and print it at once (a run cut short at its time limit keeps its rows)."""
+    rows.append(row)
+    exp = f"{row['export_s']:.1f}" if "export_s" in row else ""
+    size = f"{row['size_MB']:.2f}" if "size_MB" in row else ""
+    print(f"| {row['structure']} | {row['what']} | {row['s_per_call']:.3e} | {exp} | {size} |", flush=True)
+
+
 def bench(name: str, args) -> list[dict]:
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     atoms = structure(name)
@@ -96,8 +104,8 @@ def bench(name: str, args) -> list[dict]:
     tag = f"{name} ({len(atoms)} atoms, {s.n_edges} edges), {args.dtype}"
 
     eager = Predictor(model)
-    rows.append(
-        {"structure": tag, "what": "Predictor eager (list reused)", "s_per_call": per_call(lambda: eager(batch), device, args.repeat)}
+    emit(
+        rows, {"structure": tag, "what": "Predictor eager (list reused)", "s_per_call": per_call(lambda: eager(batch), device, args.repeat)}
     )
     pos = torch.tensor(atoms.positions, dtype=dtype, device=device)
     cell = torch.tensor(atoms.cell.array, dtype=dtype, device=device)
@@ -107,20 +115,21 @@ def bench(name: str, args) -> list[dict]:
         fresh = structure_from_atoms(atoms, model.r_max, require_labels=False, device=device)
         return eager(collate([fresh], model.z_to_type.cpu()).to(device, dtype))
 
-    rows.append({"structure": tag, "what": "Predictor eager + neighbour list", "s_per_call": per_call(with_list, device, args.repeat)})
+    emit(rows, {"structure": tag, "what": "Predictor eager + neighbour list", "s_per_call": per_call(with_list, device, args.repeat)})
     if device.type == "cuda":
         graphs = Predictor(model, compile=True, compile_mode="reduce-overhead")
         t0 = time.perf_counter()
         graphs(batch)
         synchronize(device)
         compile_s = time.perf_counter() - t0
-        rows.append(
+        emit(
+            rows,
             {
                 "structure": tag,
                 "what": "Predictor reduce-overhead (list reused)",
                 "s_per_call": per_call(lambda: graphs(batch), device, args.repeat),
                 "export_s": compile_s,
-            }
+            },
         )
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -151,15 +160,16 @@ def bench(name: str, args) -> list[dict]:
                     return pot._runner(pos, numbers, cell, pbc)
 
             if fmt == "torchscript" and args.openmm_platform:
-                rows.append(torchforce_row(path, atoms, eager(batch), tag, args))
-            rows.append(
+                emit(rows, torchforce_row(path, atoms, eager(batch), tag, args))
+            emit(
+                rows,
                 {
                     "structure": tag,
                     "what": f"{fmt} ({suffix}, neighbour list inside)",
                     "s_per_call": per_call(call, device, args.repeat),
                     "export_s": export_s,
                     "size_MB": path.stat().st_size / 1e6,
-                }
+                },
             )
     return rows
 
@@ -184,16 +194,12 @@ def main() -> None:
         "--openmm-platform", default=None, help="also run the TorchScript file in openmm-torch's TorchForce (Reference, CPU, CUDA)"
     )
     args = p.parse_args()
+    print(f"torch {torch.__version__}, device {args.device}" + (f" ({torch.cuda.get_device_name()})" if args.device == "cuda" else ""))
+    print("| structure | evaluation | s/call | export/compile s | file MB |")
+    print("| --- | --- | ---: | ---: | ---: |", flush=True)
     rows = []
     for name in args.structures:
         rows += bench(name, args)
-    print(f"torch {torch.__version__}, device {args.device}" + (f" ({torch.cuda.get_device_name()})" if args.device == "cuda" else ""))
-    print("| structure | evaluation | s/call | export/compile s | file MB |")
-    print("| --- | --- | ---: | ---: | ---: |")
-    for r in rows:
-        exp = f"{r['export_s']:.1f}" if "export_s" in r else ""
-        size = f"{r['size_MB']:.2f}" if "size_MB" in r else ""
-        print(f"| {r['structure']} | {r['what']} | {r['s_per_call']:.3e} | {exp} | {size} |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

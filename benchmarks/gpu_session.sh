@@ -155,14 +155,14 @@ final)
     --compile-mode reduce-overhead --step-mode graph --model $S 2>&1 | grep -viE "warn" > "$out/md_diamond_graph.log" 2>&1
   ;;
 aoti)
-  # one GPU, the next session's first call: the .pt2 load crash, package with the Triton kernels
-  # against the one with inductor's kernels (which loads): how each links the C++ runtime, which
-  # libstdc++ the loading process maps, native backtrace; then the export benchmark (issue 12)
-  # the Triton package once more, built without AOTInductor's precompiled header (the wrapper's
-  # C++ runtime headers come from it), and the inductor-kernel package to compare with
-  timeout 420 python3 benchmarks/diagnose_aoti.py --out /tmp/aoti --no-triton-too \
-    --configs "{'aot_inductor.precompile_headers': False}" > "$out/aoti.log" 2>&1
-  timeout 150 python3 benchmarks/export.py --device cuda --structures water --r-max 6 --repeat 50 --model $S \
+  # one GPU: the .pt2 load crash. The Triton-kernel package built three ways (without AOTInductor's
+  # precompiled header, linked with -lstdc++, wrapper at -O2) and the inductor-kernel package
+  # (which loads), all compiled at once, with their compiler command lines; then the export
+  # benchmark (issue 12), which prints each row as it is measured
+  timeout 270 python3 benchmarks/diagnose_aoti.py --out /tmp/aoti --no-triton-too --export-timeout 200 --configs \
+    "{'aot_inductor.precompile_headers': False}" "{'aot_inductor.custom_op_libs': ['stdc++']}" \
+    "{'aot_inductor.compile_wrapper_opt_level': 'O2'}" > "$out/aoti.log" 2>&1
+  timeout 290 python3 benchmarks/export.py --device cuda --structures water --formats aoti --r-max 6 --repeat 50 --model $S \
     > "$out/export.log" 2>&1
   ;;
 timings)
