@@ -68,7 +68,8 @@ from ..model.potential import FlashCartPotential, element_types
 from ..model.predictor import CUDA_GRAPH_MODES, Predictor
 from ..utils.device import resolve_device
 from .evaluator import Evaluation
-from .static_step import PACKED_HEADER, CapturedStep, StaticStep, StepCapacities, pairs_within
+from .static_list import MAX_CANDIDATES, StaticCellList, plan_cell_list, supports
+from .static_step import PACKED_HEADER, CapturedRebuild, CapturedStep, StaticStep, StepCapacities, pairs_within
 
 __all__ = ["Engine", "COMPILE_MODES", "STEP_MODES"]
 
@@ -228,10 +229,16 @@ class Engine:
         self._static: StaticStep | None = None  # step="static"/"graph": buffers and the list
         self._system: _System | None = None
         self._captured: dict[bool, CapturedStep] = {}  # step="graph", by stress
+        self._captured_rebuilds: dict[bool, CapturedRebuild] = {}  # device rebuilds of those steps
+        self._cell_list: StaticCellList | None = None  # the static step's device rebuilds (None: host builds only)
+        # static and graph steps: rebuild stale lists on the device (a static cell list, captured
+        # with the graph step) where the structure allows it; host builds still size the buffers
+        self.device_rebuild = self.device.type == "cuda"
         self._static_predictor: Predictor | None = None
         self._pinned_in: torch.Tensor | None = None  # host staging buffers (CUDA only)
         self._pinned_out: torch.Tensor | None = None
         self.neighbor_list_builds = 0  # lists built (first call, stale lists, changed systems)
+        self.device_rebuilds = 0  # of those, rebuilt on the device (static and graph steps)
         self.stale_evaluations = 0  # calls evaluated with a reused list that turned out stale
         self.early_rebuilds = 0  # lists rebuilt because the next step was predicted to be stale
         self.capacity_overflows = 0  # static steps discarded: more pairs within r_max than edge slots
@@ -416,6 +423,7 @@ class Engine:
         """:meth:`evaluate` through the static step (``step`` ``static`` or ``graph``)."""
         if self.skin > 0 and self._system is not None and self._system.matches(numbers, cell, pbc):
             previous, last = self._moved
+            stale = True  # the list must be rebuilt (not the capacities grown)
             if last + 1.5 * max(last - previous, 0.0) <= 0.5 * self.skin:
                 host = self._run_static(positions, stress)
                 moved = math.sqrt(max(float(host[1]), 0.0))
@@ -423,17 +431,37 @@ class Engine:
                     self.stale_evaluations += 1
                 elif int(round(float(host[2]))) > self._static.capacities.edges:
                     self.capacity_overflows += 1
+                    stale = False
                 else:
                     self._moved = (self._moved[1], moved)
                     return self._static_result(host, stress)
             else:
                 self.early_rebuilds += 1
+            if stale and self._cell_list is not None:  # a new list on the device, the step on it, one synchronisation
+                host = self._run_static(positions, stress, rebuild=True)
+                if self._device_list_fits(host):
+                    self.neighbor_list_builds += 1
+                    self.device_rebuilds += 1
+                    self._moved = (0.0, 0.0)
+                    return self._static_result(host, stress)
+                self.capacity_overflows += 1  # the host build below grows the capacities
         self._build_static(positions, numbers, cell, pbc)
         host = self._run_static(positions, stress)
         if int(round(float(host[2]))) > self._static.capacities.edges:  # the build sized it from this count
             raise RuntimeError(f"{int(host[2])} pairs within r_max right after a build with {self._static.capacities.edges} edge slots")
         self._moved = (0.0, 0.0)
         return self._static_result(host, stress)
+
+    def _device_list_fits(self, host: np.ndarray) -> bool:
+        """Whether a device rebuild's list (pairs listed, fullest bin) and the step's pairs within
+        ``r_max`` fitted their capacities (else that step's results are wrong)."""
+        step, cell_list = self._static, self._cell_list
+        listed, fullest = int(round(float(host[3]))), int(round(float(host[4])))
+        within = int(round(float(host[2])))
+        if listed > step.capacities.pairs or fullest > cell_list.m or within > step.capacities.edges:
+            return False
+        step.n_pairs = listed
+        return True
 
     def _static_model_call(self) -> Callable:
         """The padded model function of the static step: the engine's Predictor, or for a
@@ -477,12 +505,26 @@ class Engine:
         periodic = bool(pbc.any())
         inv = torch.linalg.inv(torch.tensor(cell, dtype=torch.float64)).to(dev, self.dtype) if periodic else torch.zeros_like(cell_t)
         step.load(pos, types.to(dev), cell_t, inv, receivers, senders, shifts)
+        self._cell_list = self._make_cell_list(pos, cell, pbc, step)
+        self._captured_rebuilds = {}
         self._system = _System(numbers=numbers.copy(), pbc=pbc.copy(), cell=cell.copy(), offset=float(self._atomic_shifts[types].sum()))
         self.neighbor_list_builds += 1
 
-    def _run_static(self, positions, stress: bool) -> np.ndarray:
+    def _make_cell_list(self, pos: torch.Tensor, cell: np.ndarray, pbc: np.ndarray, step: StaticStep) -> StaticCellList | None:
+        """The device rebuilder of ``step``'s ``r_max + skin`` list, planned at ``pos`` (bins and
+        slots with ``headroom``); ``None`` where device rebuilds are off, or the structure is
+        periodic along some directions only, or its dense candidate block would be too large."""
+        if not self.device_rebuild or self.skin <= 0 or not supports(pbc):
+            return None
+        cutoff = self.r_max + self.skin
+        plan = plan_cell_list(pos.detach().cpu().double().numpy(), cell, pbc, cutoff, self.headroom)
+        if plan.candidates(step.n) > MAX_CANDIDATES:
+            return None
+        return StaticCellList(plan, step.n, cutoff, step.capacities.pairs, self.dtype, self.device)
+
+    def _run_static(self, positions, stress: bool, rebuild: bool = False) -> np.ndarray:
         """The packed results of one static step at ``positions`` (host, a view valid until the
-        next call)."""
+        next call); with ``rebuild``, after a device rebuild of the list at ``positions``."""
         step = self._static
         if self.step == "graph":
             captured = self._captured.get(stress)
@@ -502,8 +544,17 @@ class Engine:
                     return self._run_static(positions, stress)
                 self._captured[stress] = captured
                 self.graph_captures += 1
-            return captured(positions)
+            again = None
+            if rebuild:
+                again = self._captured_rebuilds.get(stress)
+                if again is None:
+                    captured.host_in.numpy()[...] = positions if not isinstance(positions, torch.Tensor) else positions.detach().cpu()
+                    again = self._captured_rebuilds[stress] = CapturedRebuild(captured, self._cell_list)
+                    self.graph_captures += 1
+            return captured(positions, rebuild=again)
         step.positions.copy_(self._upload(positions))
+        if rebuild:
+            step.rebuild(self._cell_list)
         return self._download(step(stress))
 
     def _static_result(self, host: np.ndarray, stress: bool) -> Evaluation:

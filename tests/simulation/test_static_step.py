@@ -102,7 +102,8 @@ def test_the_step_reports_pairs_beyond_its_capacity(model):
         pos, torch.zeros(n, dtype=torch.long), torch.zeros(3, 3), torch.zeros(3, 3), receivers, senders, torch.zeros(len(receivers), 3)
     )
     packed = step(stress=False)
-    assert packed.shape == (3 + 3 * n,) and int(packed[2]) == within > caps.edges and float(packed[1]) == 0.0
+    assert packed.shape == (5 + 3 * n,) and int(packed[2]) == within > caps.edges and float(packed[1]) == 0.0
+    assert packed[3:5].tolist() == [len(receivers), 0]  # a host list: its pairs, no bins
 
 
 def test_padding_edges_spread_over_enough_padding_atoms(model):
@@ -158,19 +159,37 @@ class _EagerCapture:
     def __init__(self, step, stress):
         _EagerCapture.made += 1
         self.step, self.stress = step, stress
+        self.host_in = torch.empty(step.n, 3, dtype=step.dtype)
 
-    def __call__(self, positions):
-        self.step.positions.copy_(torch.as_tensor(positions, dtype=self.step.dtype))
+    def __call__(self, positions, rebuild=None):
+        self.host_in.numpy()[...] = positions
+        if rebuild is not None:
+            rebuild.replay()
+        self.step.positions.copy_(self.host_in)
         return self.step(self.stress).numpy()
 
 
-def test_graph_mode_bookkeeping_with_an_eager_stand_in_for_the_capture(model, monkeypatch):
+class _EagerRebuild:
+    """Stands in for CapturedRebuild: the device rebuild from the captured step's input."""
+
+    def __init__(self, captured, cell_list):
+        self.captured, self.cell_list = captured, cell_list
+
+    def replay(self):
+        self.captured.step.positions.copy_(self.captured.host_in)
+        self.captured.step.rebuild(self.cell_list)
+
+
+@pytest.mark.parametrize("device_rebuild", [False, True])
+def test_graph_mode_bookkeeping_with_an_eager_stand_in_for_the_capture(model, monkeypatch, device_rebuild):
     import flashcart.simulation.engine as engine_module
 
     monkeypatch.setattr(engine_module, "CapturedStep", _EagerCapture)
+    monkeypatch.setattr(engine_module, "CapturedRebuild", _EagerRebuild)
     atoms = water_box(n_side=2, tilt=False)
     engine = Engine(model, device="cpu", dtype="float64", skin=1.0, headroom=0.0, pad_edge_multiple=1, step="static")
     engine.step = "graph"  # the CUDA-only mode, with the capture replaced
+    engine.device_rebuild = device_rebuild
     rng = np.random.default_rng(0)
     for k in range(4):
         moved = atoms.copy()
@@ -189,10 +208,18 @@ def test_graph_mode_bookkeeping_with_an_eager_stand_in_for_the_capture(model, mo
     assert engine.neighbor_list_builds == 2 and engine.graph_captures == 3
     assert abs(r.energy - reference_evaluation(model, atoms)[0]) < 1e-12 * max(1.0, abs(r.energy))
     far = atoms.copy()
-    far.positions[0] += [0.6, 0.0, 0.0]  # beyond skin / 2: a new list into the same buffers, no new capture
+    far.positions[0] += [0.6, 0.0, 0.0]  # beyond skin / 2: a new list into the same buffers, no new step capture
     r = _evaluate(engine, far)
-    assert engine.stale_evaluations + engine.early_rebuilds == 1 and engine.neighbor_list_builds == 3 and engine.graph_captures == 3
+    assert engine.stale_evaluations + engine.early_rebuilds == 1 and engine.neighbor_list_builds == 3
+    # on the device: the rebuild is captured once (then replayed); on the host: nothing is captured
+    assert engine.device_rebuilds == int(device_rebuild) and engine.graph_captures == 3 + int(device_rebuild)
     assert abs(r.energy - reference_evaluation(model, far)[0]) < 1e-12 * max(1.0, abs(r.energy))
+    back = far.copy()
+    back.positions[0] -= [0.6, 0.0, 0.0]
+    r = _evaluate(engine, back)
+    assert engine.neighbor_list_builds == 4 and engine.device_rebuilds == 2 * int(device_rebuild)
+    assert engine.graph_captures == 3 + int(device_rebuild)
+    assert abs(r.energy - reference_evaluation(model, back)[0]) < 1e-12 * max(1.0, abs(r.energy))
 
 
 def test_structures_without_pairs_within_the_cutoff(model):
