@@ -19,6 +19,7 @@
 #   aoti     one GPU: the .pt2 crash, Triton-kernel package against the inductor-kernel one; export benchmark
 #   timings  one GPU: profiler eager and reduce-overhead for both published models, the Triton .pt2 refusal
 #   recheck  one GPU: GPU tests of integrations, model and export after the 2026-12-01 afternoon defaults
+#   devlist  one GPU: device rebuilds of the graph step's list (tests, MD); the Triton .pt2 built with the system g++
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
 # Each GPU writes one log per part into OUT (the device tool returns at most 8 files).
@@ -182,11 +183,32 @@ recheck)
     "$X::test_cuda_package_matches_predictor[dtype0-1e-10-False] $X::test_cuda_torchscript_matches_predictor $X::test_cuda_graph_uses_the_triton_kernels:190" \
     > "$out/tests_recheck.log" 2>&1
   ;;
+devlist)
+  # one GPU, 2026-12-01 evening: the device rebuilds of the graph step's list (GPU tests first,
+  # then MD on water and diamond), and in the background the Triton .pt2 compiled with the
+  # system g++ instead of the /opt/gcc g++ that inductor picked (whose wrapper.so links no
+  # libstdc++.so and defines libstdc++ symbols of its own: the load crash is in std::regex)
+  (
+    echo "CXX=${CXX:-unset} PATH=$PATH"; echo "which g++: $(which g++)"; ls -la /opt/gcc/bin/g++ 2>&1
+    /opt/gcc/bin/g++ --version 2>&1 | head -1; /opt/gcc/bin/g++ -v 2>&1 | tail -2 | cut -c1-600
+    for f in libstdc++.so libstdc++.a; do echo "$f: $(/opt/gcc/bin/g++ -print-file-name=$f) | system: $(/usr/bin/g++ -print-file-name=$f)"; done
+    python3 -c "import torch._inductor.config as c; print('inductor cpp.cxx', c.cpp.cxx)"
+    CXX=/usr/bin/g++ timeout 330 python3 benchmarks/diagnose_aoti.py --out /tmp/aoti --no-triton-too --export-timeout 250 --configs "{}"
+  ) > "$out/aoti.log" 2>&1 &
+  gpu_tests 0 "tests/simulation/test_static_list.py tests/integrations/test_gpu.py::test_graph_step_equals_the_eager_engine_along_md_with_rebuilds tests/integrations/test_gpu.py::test_graph_is_captured_again_only_when_a_capacity_grows tests/integrations/test_gpu.py::test_battery_through_the_static_and_captured_steps:170" \
+    > "$out/tests_devlist.log" 2>&1
+  for st in water diamond; do
+    echo "=== md $st (graph step, device rebuilds)"
+    timeout 150 python3 benchmarks/md_vs_profile.py --structure $st --device gpu --r-max 6 --steps 200 --repeat 20 \
+      --compile-mode reduce-overhead --step-mode graph --model $S 2>&1 | grep -viE "warn"
+  done > "$out/md_devlist.log" 2>&1
+  wait
+  ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import io
 import tempfile
+import threading
 import time
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -78,19 +79,69 @@ def make_engine(model, args, step: str) -> Engine:
     return Engine(model, device=args.device, compile_mode=args.compile_mode, skin=args.skin, step=step, headroom=args.headroom)
 
 
-def ase_md(model, atoms: Atoms, args, step: str) -> tuple[float, Engine]:
-    """s/step of ASE velocity Verlet (after 5 untimed steps) and the engine it ran on."""
+class TimedEvaluator:
+    """An evaluator timing the ``evaluate`` calls of another (seconds summed; the rest of its
+    attributes are the wrapped one's)."""
+
+    def __init__(self, inner):
+        self.inner, self.seconds, self.calls = inner, 0.0, 0
+
+    def evaluate(self, *args, **kwargs):
+        t = time.perf_counter()
+        out = self.inner.evaluate(*args, **kwargs)
+        self.seconds += time.perf_counter() - t
+        self.calls += 1
+        return out
+
+    def reset(self) -> None:
+        self.seconds, self.calls = 0.0, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+class TimedCallback:
+    """A PythonForce callback timing itself: seconds inside the callback, and between the end of
+    one call and the start of the next (OpenMM's own part of a step)."""
+
+    def __init__(self, callback):
+        self.callback = callback
+        self.inside = self.between = 0.0
+        self.calls = 0
+        self._last_exit = None
+
+    def __call__(self, state):
+        enter = time.perf_counter()
+        if self._last_exit is not None:
+            self.between += enter - self._last_exit
+        out = self.callback(state)
+        self._last_exit = time.perf_counter()
+        self.inside += self._last_exit - enter
+        self.calls += 1
+        return out
+
+    def reset(self) -> None:
+        self.inside = self.between = 0.0
+        self.calls, self._last_exit = 0, None
+
+
+def ase_md(model, atoms: Atoms, args, step: str) -> tuple[float, Engine, dict]:
+    """s/step of ASE velocity Verlet (after 5 untimed steps), the engine it ran on, and the
+    seconds per step spent in the engine's ``evaluate`` during the run."""
     engine = make_engine(model, args, step)
+    timed = TimedEvaluator(engine)
     atoms = atoms.copy()
-    atoms.calc = FlashCartCalculator(engine)
+    atoms.calc = FlashCartCalculator(timed)
     MaxwellBoltzmannDistribution(atoms, temperature_K=300, rng=np.random.default_rng(0))
     dyn = VelocityVerlet(atoms, timestep=0.5 * units.fs)
     dyn.run(5)  # warm-up (compilation, first neighbour list)
     _sync(args.device)
+    timed.reset()
     t0 = time.perf_counter()
     dyn.run(args.steps)
     _sync(args.device)
-    return (time.perf_counter() - t0) / args.steps, engine
+    total = time.perf_counter() - t0
+    return total / args.steps, engine, {"evaluate in the run": timed.seconds / max(timed.calls, 1)}
 
 
 def _openmm_platform(args) -> str:
@@ -117,10 +168,12 @@ def _openmm_context(atoms: Atoms, force, args, extra_properties: dict | None = N
     return ctx, integrator
 
 
-def _openmm_steps(ctx, integrator, steps: int, device: str) -> float:
+def _openmm_steps(ctx, integrator, steps: int, device: str, before_timing=None) -> float:
     integrator.step(5)  # warm-up (compilation, first neighbour list)
     ctx.getState(getEnergy=True)
     _sync(device)
+    if before_timing is not None:
+        before_timing()
     t0 = time.perf_counter()
     integrator.step(steps)
     ctx.getState(getEnergy=True)  # waits for the last step
@@ -128,14 +181,36 @@ def _openmm_steps(ctx, integrator, steps: int, device: str) -> float:
     return (time.perf_counter() - t0) / steps
 
 
-def openmm_md(model, atoms: Atoms, args, step: str, extra_properties: dict | None = None) -> tuple[float, Engine]:
-    """s/step of OpenMM's VerletIntegrator with the FlashCart PythonForce (after 5 untimed steps)."""
-    from flashcart.integrations.openmm import create_force
+def openmm_md(model, atoms: Atoms, args, step: str, extra_properties: dict | None = None) -> tuple[float, Engine, dict]:
+    """s/step of OpenMM's VerletIntegrator with the FlashCart PythonForce (after 5 untimed
+    steps), the engine, and where a step went (s per step): the engine's ``evaluate``, the rest
+    of the FlashCart callback (positions, box, units), and OpenMM between two callbacks."""
+    import openmm
+
+    from flashcart.integrations.openmm import FlashCartForce
 
     assert atoms.pbc.all() or not atoms.pbc.any()
     engine = make_engine(model, args, step)
-    ctx, integrator = _openmm_context(atoms, create_force(engine, atoms.numbers, periodic=bool(atoms.pbc.all())), args, extra_properties)
-    return _openmm_steps(ctx, integrator, args.steps, args.device), engine
+    timed = TimedEvaluator(engine)
+    periodic = bool(atoms.pbc.all())
+    callback = TimedCallback(FlashCartForce(timed, atoms.numbers, periodic))
+    force = openmm.PythonForce(callback)  # what create_force builds, with the timing around it
+    force.setUsesPeriodicBoundaryConditions(periodic)
+    ctx, integrator = _openmm_context(atoms, force, args, extra_properties)
+
+    def reset() -> None:
+        timed.reset()
+        callback.reset()
+
+    step_s = _openmm_steps(ctx, integrator, args.steps, args.device, before_timing=reset)
+    n = max(callback.calls, 1)
+    parts = {
+        "evaluate in the run": timed.seconds / n,
+        "callback beyond evaluate": (callback.inside - timed.seconds) / n,
+        "OpenMM between callbacks": callback.between / max(callback.calls - 1, 1),
+        "callbacks per step": callback.calls / args.steps,
+    }
+    return step_s, engine, parts
 
 
 def openmm_round_trip(atoms: Atoms, args, extra_properties: dict | None = None) -> float:
@@ -303,10 +378,10 @@ def main() -> None:
             runs.append(("openmm", {"UseBlockingSync": "false"}))
         for name, extra in runs:
             if name == "ase":
-                step, engine = ase_md(model, atoms, args, mode)
+                step, engine, parts = ase_md(model, atoms, args, mode)
                 label = "ASE MD step:"
             else:
-                step, engine = openmm_md(model, atoms, args, mode, extra)
+                step, engine, parts = openmm_md(model, atoms, args, mode, extra)
                 label = "OpenMM MD step" + (" (UseBlockingSync=false):" if extra else ":")
             steps[label] = step
             print(
@@ -314,6 +389,11 @@ def main() -> None:
                 f"({args.steps} steps, {engine.neighbor_list_builds} neighbour lists, {engine.early_rebuilds} of them early, "
                 f"{engine.stale_evaluations} stale evaluations, {engine.capacity_overflows} capacity overflows, "
                 f"{engine.graph_captures} graph captures; the model saw {engine.model_edges} of {engine.n_edges} listed edges)"
+            )
+            print(
+                "    in the run (s per step): "
+                + ", ".join(f"{k} {v:.6f}" for k, v in parts.items())
+                + f"; device rebuilds {engine.device_rebuilds}"
             )
             if engine.graph_capture_error:
                 print(f"  the CUDA-graph capture failed and the step ran eager: {engine.graph_capture_error}")
@@ -337,6 +417,7 @@ def main() -> None:
         if args.openmm_spin and _openmm_platform(args) == "CUDA":
             spin = openmm_round_trip(atoms, args, {"UseBlockingSync": "false"})
             print(f"  {'  the same with UseBlockingSync=false':<50} {spin:.6f}")
+    print(f"Python threads at the end: {[t.name for t in threading.enumerate()]}")
     print("adapters' host work per MD step with an evaluator returning cached results (s):")
     for what, t in adapter_overhead(atoms, args).items():
         print(f"  {what:<50} {t:.6f}")

@@ -438,13 +438,14 @@ class Engine:
             else:
                 self.early_rebuilds += 1
             if stale and self._cell_list is not None:  # a new list on the device, the step on it, one synchronisation
-                host = self._run_static(positions, stress, rebuild=True)
-                if self._device_list_fits(host):
+                host = self._run_static(positions, stress, rebuild=True)  # None: its capture failed (warned)
+                if host is not None and self._device_list_fits(host):
                     self.neighbor_list_builds += 1
                     self.device_rebuilds += 1
                     self._moved = (0.0, 0.0)
                     return self._static_result(host, stress)
-                self.capacity_overflows += 1  # the host build below grows the capacities
+                if host is not None:
+                    self.capacity_overflows += 1  # the host build below grows the capacities
         self._build_static(positions, numbers, cell, pbc)
         host = self._run_static(positions, stress)
         if int(round(float(host[2]))) > self._static.capacities.edges:  # the build sized it from this count
@@ -522,9 +523,10 @@ class Engine:
             return None
         return StaticCellList(plan, step.n, cutoff, step.capacities.pairs, self.dtype, self.device)
 
-    def _run_static(self, positions, stress: bool, rebuild: bool = False) -> np.ndarray:
+    def _run_static(self, positions, stress: bool, rebuild: bool = False) -> np.ndarray | None:
         """The packed results of one static step at ``positions`` (host, a view valid until the
-        next call); with ``rebuild``, after a device rebuild of the list at ``positions``."""
+        next call); with ``rebuild``, after a device rebuild of the list at ``positions``
+        (``None`` when capturing that rebuild failed: device rebuilds are then switched off)."""
         step = self._static
         if self.step == "graph":
             captured = self._captured.get(stress)
@@ -549,7 +551,16 @@ class Engine:
                 again = self._captured_rebuilds.get(stress)
                 if again is None:
                     captured.host_in.numpy()[...] = positions if not isinstance(positions, torch.Tensor) else positions.detach().cpu()
-                    again = self._captured_rebuilds[stress] = CapturedRebuild(captured, self._cell_list)
+                    try:
+                        again = self._captured_rebuilds[stress] = CapturedRebuild(captured, self._cell_list)
+                    except Exception as e:  # the list is then built on the host, as without device rebuilds
+                        warnings.warn(
+                            f"capturing the device rebuild of the neighbour list failed ({type(e).__name__}: {e}); "
+                            "lists are built on the host from now on",
+                            stacklevel=4,
+                        )
+                        self.device_rebuild, self._cell_list = False, None
+                        return None
                     self.graph_captures += 1
             return captured(positions, rebuild=again)
         step.positions.copy_(self._upload(positions))

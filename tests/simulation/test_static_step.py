@@ -267,3 +267,26 @@ def test_capacities_grow_with_headroom_except_the_fixed_atom_count():
     assert StepCapacities(0, 0, 0).grown(100, 4_000, 3_000, 0.5, 8, 128).atoms == 160
     assert caps.grown(768, 44_032, 30_500, 0.1, 128, 128) == caps  # what fits keeps its capacity
     assert caps.grown(768, 40_000, 33_025, 0.1, 128, 128).edges == 36_352  # 33,025 x 1.1 = 36,327.5 -> 36,352
+
+
+class _FailingRebuild:
+    def __init__(self, captured, cell_list):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+
+def test_a_failed_rebuild_capture_falls_back_to_host_builds(model, monkeypatch):
+    import flashcart.simulation.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "CapturedStep", _EagerCapture)
+    monkeypatch.setattr(engine_module, "CapturedRebuild", _FailingRebuild)
+    atoms = water_box(n_side=2, tilt=False)
+    engine = Engine(model, device="cpu", dtype="float64", skin=1.0, step="static")
+    engine.step, engine.device_rebuild = "graph", True
+    _evaluate(engine, atoms)
+    far = atoms.copy()
+    far.positions[0] += [0.6, 0.0, 0.0]
+    with pytest.warns(UserWarning, match="capturing the device rebuild of the neighbour list failed .*built on the host"):
+        r = _evaluate(engine, far)
+    assert not engine.device_rebuild and engine._cell_list is None and engine.device_rebuilds == 0
+    assert engine.neighbor_list_builds == 2 and engine.capacity_overflows == 0
+    assert abs(r.energy - reference_evaluation(model, far)[0]) < 1e-12 * max(1.0, abs(r.energy))
