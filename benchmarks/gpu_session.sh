@@ -19,6 +19,7 @@
 #   aoti     one GPU: the .pt2 crash, Triton-kernel package against the inductor-kernel one; export benchmark
 #   timings  one GPU: profiler eager and reduce-overhead for both published models, the Triton .pt2 refusal
 #   recheck  one GPU: GPU tests of integrations, model and export after the 2026-12-01 afternoon defaults
+#   last     one GPU: MD with the rebuild captured with the step; the Triton .pt2 test with CXX=/usr/bin/g++
 #   devlist  one GPU: device rebuilds of the graph step's list (tests, MD); the Triton .pt2 built with the system g++
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -204,11 +205,23 @@ devlist)
   done > "$out/md_devlist.log" 2>&1
   wait
   ;;
+last)
+  # one GPU, the session's last 5 minutes: MD with the device rebuild captured with the step (not
+  # at the first rebuild, inside the timed steps), and, beside it, the Triton .pt2 GPU test
+  # compiled with the system g++ (its C++ wrapper then links libstdc++.so and loads)
+  CXX=/usr/bin/g++ gpu_tests 0 "$X::test_cuda_package_matches_predictor[dtype2-1e-05-True]:230" > "$out/tests_triton_pt2.log" 2>&1 &
+  for st in water diamond; do
+    echo "=== md $st (graph step, device rebuilds captured with the step)"
+    timeout 135 python3 benchmarks/md_vs_profile.py --structure $st --device gpu --r-max 6 --steps 200 --repeat 20 \
+      --compile-mode reduce-overhead --step-mode graph --model $S 2>&1 | grep -viE "warn"
+  done > "$out/md_last.log" 2>&1
+  wait
+  ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

@@ -205,6 +205,16 @@ def export_aoti(
 _LOAD_CHECK = "import sys, torch; torch._inductor.aoti_load_package(sys.argv[1])"
 
 
+def _cpp_compiler() -> str:
+    """The C++ compiler inductor uses (its ``cpp.cxx`` search, which reads ``CXX``)."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        return get_cpp_compiler()
+    except Exception as e:  # the message must not fail for want of a compiler name
+        return f"an unknown compiler ({type(e).__name__})"
+
+
 def check_package_loads(path: str | Path, timeout: float = 600.0, triton_kernels: bool = False, written: bool = True) -> None:
     """Load the package at ``path`` in a fresh Python process (which need not import FlashCart);
     a ``RuntimeError`` naming the file, the exit status and the end of its error output if that
@@ -222,9 +232,11 @@ def check_package_loads(path: str | Path, timeout: float = 600.0, triton_kernels
     hint = ""
     if triton_kernels:
         hint = (
-            " Packages with the Triton kernels compiled in crash in torch 2.11's package loader "
-            "(inside AOTInductorModel's constructor; benchmarks/RESULTS.md, 2026-12-01): export without "
-            "--triton (inductor's kernels for the generated PyTorch backend)."
+            f" The package's C++ wrapper was compiled with {_cpp_compiler()}. A wrapper that links the C++ runtime "
+            "statically (a compiler wrapper adding -static-libstdc++, such as the H200 image's CXX=/opt/gcc/bin/g++) "
+            "crashes in torch's package loader (std::regex in AOTInductorModel's constructor; benchmarks/RESULTS.md, "
+            "2026-12-01 evening): set CXX to a compiler that links libstdc++.so (for example CXX=/usr/bin/g++), "
+            "or export without --triton (inductor's kernels for the generated PyTorch backend)."
         )
     tail = "\n".join(proc.stderr.strip().splitlines()[-12:])
     raise RuntimeError(f"the compiled package {path} {how} when loaded in a fresh process{outcome}.{hint}\n{tail}")

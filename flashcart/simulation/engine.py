@@ -526,7 +526,8 @@ class Engine:
     def _run_static(self, positions, stress: bool, rebuild: bool = False) -> np.ndarray | None:
         """The packed results of one static step at ``positions`` (host, a view valid until the
         next call); with ``rebuild``, after a device rebuild of the list at ``positions``
-        (``None`` when capturing that rebuild failed: device rebuilds are then switched off)."""
+        (``None`` when capturing that rebuild failed: device rebuilds are then switched off).
+        The graph step captures its device rebuild together with the step."""
         step = self._static
         if self.step == "graph":
             captured = self._captured.get(stress)
@@ -546,22 +547,25 @@ class Engine:
                     return self._run_static(positions, stress)
                 self._captured[stress] = captured
                 self.graph_captures += 1
-            again = None
-            if rebuild:
-                again = self._captured_rebuilds.get(stress)
-                if again is None:
-                    captured.host_in.numpy()[...] = positions if not isinstance(positions, torch.Tensor) else positions.detach().cpu()
-                    try:
-                        again = self._captured_rebuilds[stress] = CapturedRebuild(captured, self._cell_list)
-                    except Exception as e:  # the list is then built on the host, as without device rebuilds
-                        warnings.warn(
-                            f"capturing the device rebuild of the neighbour list failed ({type(e).__name__}: {e}); "
-                            "lists are built on the host from now on",
-                            stacklevel=4,
-                        )
-                        self.device_rebuild, self._cell_list = False, None
-                        return None
+            if self._cell_list is not None and stress not in self._captured_rebuilds:
+                # captured with the step (or after a host build planned a new cell list), not at
+                # the first rebuild: a capture (and the first launch of its kernels) costs tens of
+                # ms, which belong with the warm-up, not inside a simulation's steps. Its warm-up
+                # rebuilds the list at these positions, where the current list is valid too.
+                captured.host_in.numpy()[...] = positions if not isinstance(positions, torch.Tensor) else positions.detach().cpu()
+                try:
+                    self._captured_rebuilds[stress] = CapturedRebuild(captured, self._cell_list)
                     self.graph_captures += 1
+                except Exception as e:  # the lists are then built on the host, as without device rebuilds
+                    warnings.warn(
+                        f"capturing the device rebuild of the neighbour list failed ({type(e).__name__}: {e}); "
+                        "lists are built on the host from now on",
+                        stacklevel=4,
+                    )
+                    self.device_rebuild, self._cell_list = False, None
+                    if rebuild:
+                        return None
+            again = self._captured_rebuilds.get(stress) if rebuild else None
             return captured(positions, rebuild=again)
         step.positions.copy_(self._upload(positions))
         if rebuild:

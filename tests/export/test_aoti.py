@@ -156,6 +156,10 @@ def test_a_package_that_does_not_load_is_refused_and_nothing_is_written(small_mo
     with pytest.raises(RuntimeError, match=r"bad\.pt2 failed \(exit status 1\) when loaded in a fresh process\.\n") as err:
         aoti.check_package_loads(tmp_path / "bad.pt2", timeout=300)
     assert "nothing was written" not in str(err.value)  # a standalone check of an existing file
+    # a package with Triton kernels: the error names the C++ compiler and what to do
+    monkeypatch.setenv("CXX", "/usr/bin/true")
+    with pytest.raises(RuntimeError, match=r"C\+\+ wrapper was compiled with \S+\. .*static.*CXX=/usr/bin/g\+\+.*without --triton"):
+        aoti.check_package_loads(tmp_path / "bad.pt2", timeout=300, triton_kernels=True)
 
 
 @pytest.mark.slow
