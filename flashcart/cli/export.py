@@ -37,8 +37,8 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help=(
             "aoti on cuda only: compile the model's Triton kernels into the package instead of inductor's kernels "
-            "for the generated PyTorch backend (with torch 2.11 such packages crash when loaded: the export "
-            "checks and then fails without writing)"
+            "for the generated PyTorch backend (the C++ wrapper is compiled with a compiler that links libstdc++.so; "
+            "every package is load-checked in a fresh process before it is written)"
         ),
     )
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")

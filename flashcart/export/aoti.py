@@ -25,10 +25,11 @@ Built by tracing energy and its gradient with ``make_fx`` (``torch.export`` cann
 ``torch.autograd.grad`` itself), exporting that graph with a dynamic atom count and compiling
 it with ``torch._inductor.aoti_compile_and_package``. On CUDA the package runs inductor's own
 kernels for the generated PyTorch backend (default), or with ``triton=True`` the model's Triton
-kernels (``torch.library.triton_op``), compiled in. Every package is loaded once in a fresh
-process before it is written: one that does not load (the ``triton=True`` packages crash in
-torch 2.11's loader on the H200, benchmarks/RESULTS.md 2026-12-01) fails the export and leaves
-``path`` untouched.
+kernels (``torch.library.triton_op``), compiled in. The C++ wrapper is compiled with a compiler
+that links ``libstdc++.so`` (:mod:`flashcart.export.compiler`: one that links the C++ runtime
+statically makes packages that crash torch's loader). Every package is loaded once in a fresh
+process before it is written: one that does not load fails the export and leaves ``path``
+untouched.
 """
 
 from __future__ import annotations
@@ -38,11 +39,13 @@ import os
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
 
 from ..model.potential import FlashCartPotential
+from .compiler import configured_compiler, package_compiler
 from .model import frozen_copy, structure_energy
 from .neighbors import image_table, images_needed, pair_list, reciprocal_rows, wrap_positions
 
@@ -187,6 +190,11 @@ def export_aoti(
     if torch.device(device).type == "cpu":
         configs["cpp.simdlen"] = 1  # as the Predictor: works around an inductor CPU vectoriser assertion
     configs.update(inductor_configs or {})
+    if "cpp.cxx" not in configs:  # a compiler that links libstdc++.so (see flashcart.export.compiler)
+        compiler, why = package_compiler()
+        if why is not None:
+            warnings.warn(why, stacklevel=2)
+            configs["cpp.cxx"] = (None, compiler)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".pt2", dir=path.parent)
@@ -194,7 +202,8 @@ def export_aoti(
     try:
         torch._inductor.aoti_compile_and_package(program, package_path=tmp, inductor_configs=configs)
         if check_load:
-            check_package_loads(tmp, triton_kernels=triton and torch.device(device).type == "cuda", written=False)
+            cxx = configs["cpp.cxx"][-1] if "cpp.cxx" in configs else None
+            check_package_loads(tmp, triton_kernels=triton and torch.device(device).type == "cuda", written=False, compiler=cxx)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -205,17 +214,9 @@ def export_aoti(
 _LOAD_CHECK = "import sys, torch; torch._inductor.aoti_load_package(sys.argv[1])"
 
 
-def _cpp_compiler() -> str:
-    """The C++ compiler inductor uses (its ``cpp.cxx`` search, which reads ``CXX``)."""
-    try:
-        from torch._inductor.cpp_builder import get_cpp_compiler
-
-        return get_cpp_compiler()
-    except Exception as e:  # the message must not fail for want of a compiler name
-        return f"an unknown compiler ({type(e).__name__})"
-
-
-def check_package_loads(path: str | Path, timeout: float = 600.0, triton_kernels: bool = False, written: bool = True) -> None:
+def check_package_loads(
+    path: str | Path, timeout: float = 600.0, triton_kernels: bool = False, written: bool = True, compiler: str | None = None
+) -> None:
     """Load the package at ``path`` in a fresh Python process (which need not import FlashCart);
     a ``RuntimeError`` naming the file, the exit status and the end of its error output if that
     fails, crashes or takes longer than ``timeout`` seconds. ``written=False`` (the export's
@@ -232,11 +233,11 @@ def check_package_loads(path: str | Path, timeout: float = 600.0, triton_kernels
     hint = ""
     if triton_kernels:
         hint = (
-            f" The package's C++ wrapper was compiled with {_cpp_compiler()}. A wrapper that links the C++ runtime "
-            "statically (a compiler wrapper adding -static-libstdc++, such as the H200 image's CXX=/opt/gcc/bin/g++) "
-            "crashes in torch's package loader (std::regex in AOTInductorModel's constructor; benchmarks/RESULTS.md, "
-            "2026-12-01 evening): set CXX to a compiler that links libstdc++.so (for example CXX=/usr/bin/g++), "
-            "or export without --triton (inductor's kernels for the generated PyTorch backend)."
+            f" The package's C++ wrapper was compiled with {compiler or configured_compiler()}. A wrapper that links "
+            "the C++ runtime statically (a compiler that does not find libstdc++.so, such as the H200 image's "
+            "CXX=/opt/gcc/bin/g++) crashes in torch's package loader (std::regex in AOTInductorModel's constructor; "
+            "benchmarks/RESULTS.md, 2026-12-01 evening): set CXX to a compiler that links libstdc++.so (for example "
+            "CXX=/usr/bin/g++), or export without --triton (inductor's kernels for the generated PyTorch backend)."
         )
     tail = "\n".join(proc.stderr.strip().splitlines()[-12:])
     raise RuntimeError(f"the compiled package {path} {how} when loaded in a fresh process{outcome}.{hint}\n{tail}")
