@@ -27,6 +27,7 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from .._layout import edge_csr
 from .._linear_spec import BWD_W, BWD_X, FWD, N_COLS, linear_spec, n_tiles
+from . import launcher
 from .common import DT as _DT
 from .common import block_f as _block_f
 from .common import cdiv as _cdiv
@@ -481,7 +482,7 @@ def _launch_grouped(a: Tensor, b: Tensor, c: Tensor, table: Tensor, key: str, ki
     if guard_or_false(tiles == 0):
         return
     options = {"num_warps": t.warps} if t.stages is None else {"num_warps": t.warps, "num_stages": t.stages}
-    traceable(grouped_matmul, a)[(tiles, split)](
+    values = dict(
         a_ptr=a,
         b_ptr=b,
         c_ptr=c,
@@ -496,8 +497,12 @@ def _launch_grouped(a: Tensor, b: Tensor, c: Tensor, table: Tensor, key: str, ki
         USE_DOT=use_dot,
         SPLIT=split,
         PRECISION=t.precision,
-        **options,
     )
+    kernel = traceable(grouped_matmul, a)
+    if kernel is grouped_matmul:  # a real launch: pre-bound when enabled (launcher.py)
+        launcher.launch(kernel, (tiles, split), values, options)
+    else:
+        kernel[(tiles, split)](**values, **options)
 
 
 def _check_table(table: Tensor, key: str, like: Tensor) -> None:

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from . import launcher
+
 __all__ = [
     "KernelSignature",
     "TP_FWD",
@@ -55,7 +57,12 @@ class KernelSignature:
             missing, unknown = sorted(expected - values.keys()), sorted(values.keys() - expected)
             raise TypeError(f"kernel {self.name}: missing arguments {missing}, unknown arguments {unknown}")
         options = {} if num_warps is None else {"num_warps": num_warps}
-        traceable(getattr(module, self.name), values[self.args[0]])[grid](**values, **options)
+        kernel = getattr(module, self.name)
+        wrapped = traceable(kernel, values[self.args[0]])
+        if wrapped is kernel:  # a real launch: pre-bound when enabled (launcher.py)
+            launcher.launch(kernel, grid, values, options)
+        else:
+            wrapped[grid](**values, **options)
 
 
 def traceable(kernel: Any, probe: Any) -> Any:

@@ -1,0 +1,108 @@
+"""Pre-bound Triton launches: the compiled kernel called directly after its first launch.
+
+Every eager launch through ``kernel[grid](...)`` runs ``JITFunction.run``: it binds the
+arguments, computes their specialisation and the cache key, looks the compiled kernel up and
+builds the launch metadata. On the H200 (triton 3.6) the 49 launches of one i2c3f20l2r force
+call spent 6.9 ms there under cProfile, against 3.2 ms of kernel time (benchmarks/RESULTS.md,
+2026-12-01 afternoon). :func:`launch` does that work once per specialisation: the first launch
+goes through ``kernel[grid]`` and keeps the compiled kernel's launcher; later launches whose
+arguments specialise the same way call it directly.
+
+The key mirrors Triton's specialisation (triton 3.6 and 3.9 alike): per tensor its dtype and
+whether its address is 16-byte aligned; per integer whether it is 1, whether it divides by 16
+and whether it fits in 32 bits; constexprs, floats, bools and ``None`` by value; the launch
+options and the device. The arguments are passed in the kernel's declaration order (constexprs
+included; the launcher drops them), the scratch buffers are the launcher's own.
+
+Off unless ``FLASHCART_PREBOUND_LAUNCH=1`` (read at import; :data:`ENABLED` may be assigned):
+not yet run on a GPU. It never applies under ``TRITON_INTERPRET=1`` (the kernels are then not
+compiled), while tracing (``torch.library.wrap_triton`` launches, handled by the caller), or
+while a launch hook is installed (profilers such as proton read the metadata this skips).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["ENABLED", "launch", "specialisation", "clear"]
+
+ENABLED = os.environ.get("FLASHCART_PREBOUND_LAUNCH", "0") == "1"
+
+_launchers: dict[tuple, tuple[Callable, Any, Any, Any]] = {}
+
+
+def clear() -> None:
+    """Forget every pre-bound launcher (kernels recompiled, tests)."""
+    _launchers.clear()
+
+
+def _spec(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return (value.dtype, value.data_ptr() % 16 == 0)
+    if isinstance(value, bool) or value is None or isinstance(value, (float, str)):
+        return (type(value).__name__, value)
+    if isinstance(value, int):
+        return ("int", value == 1, value % 16 == 0, -(2**31) <= value < 2**31, value >= 2**63)
+    return ("other", value)  # dtypes and other constexpr values (hashable)
+
+
+def specialisation(arg_names: list[str] | tuple[str, ...], values: dict[str, Any], constexprs: frozenset[str] = frozenset()) -> tuple:
+    """The part of the launcher key that Triton's specialisation decides (see the module docs);
+    ``constexprs`` by value."""
+    return tuple(("constexpr", values[name]) if name in constexprs else _spec(values[name]) for name in arg_names)
+
+
+def _constexpr_names(kernel: Any) -> frozenset[str]:
+    return frozenset(p.name for p in kernel.params if p.is_constexpr)
+
+
+def _compiled_kernels_launch(kernel: Any) -> bool:
+    """Whether ``kernel`` is a compiled ``@triton.jit`` function (not the interpreter's, not an
+    autotuner) and no launch hook is installed."""
+    try:
+        from triton import knobs
+        from triton.runtime.jit import JITFunction
+    except ImportError:  # no triton, or one without knobs: the plain launch
+        return False
+    if not isinstance(kernel, JITFunction) or knobs.runtime.interpret:
+        return False
+    return knobs.runtime.launch_enter_hook is None and knobs.runtime.launch_exit_hook is None
+
+
+def _cuda_index(values: dict[str, Any]) -> int | None:
+    """The CUDA device of the first tensor argument (``None``: no tensor, or not on CUDA)."""
+    probe = next((v for v in values.values() if isinstance(v, torch.Tensor)), None)
+    if probe is None or probe.device.type != "cuda":
+        return None
+    return probe.device.index if probe.device.index is not None else torch.cuda.current_device()
+
+
+def _current_stream(device_index: int) -> int:
+    return torch._C._cuda_getCurrentRawStream(device_index)
+
+
+def launch(kernel: Any, grid: tuple, values: dict[str, Any], options: dict[str, Any]) -> None:
+    """``kernel[grid](**values, **options)``, pre-bound after the first launch of each
+    specialisation when :data:`ENABLED` (see the module docs). ``values`` names every parameter
+    of the kernel; ``grid`` is a tuple of one to three ints."""
+    if not ENABLED or not _compiled_kernels_launch(kernel):
+        kernel[grid](**values, **options)
+        return
+    names = kernel.arg_names
+    device = _cuda_index(values)
+    if device is None:
+        kernel[grid](**values, **options)
+        return
+    key = (id(kernel), device, tuple(sorted(options.items())), specialisation(names, values, _constexpr_names(kernel)))
+    entry = _launchers.get(key)
+    if entry is None:
+        compiled = kernel[grid](**values, **options)  # compiles (once) and launches
+        run = compiled.run  # its first access loads the module and builds the launcher
+        _launchers[key] = (run, compiled.function, compiled.packed_metadata, kernel)  # the kernel kept: its id stays unique
+        return
+    run, function, metadata, _ = entry
+    g = tuple(grid) + (1,) * (3 - len(grid))
+    run(g[0], g[1], g[2], _current_stream(device), function, metadata, None, None, None, *[values[n] for n in names])
