@@ -20,6 +20,8 @@
 #   timings  one GPU: profiler eager and reduce-overhead for both published models, the Triton .pt2 refusal
 #   recheck  one GPU: GPU tests of integrations, model and export after the 2026-12-01 afternoon defaults
 #   last     one GPU: MD with the rebuild captured with the step; the Triton .pt2 test with CXX=/usr/bin/g++
+#   prebound one GPU: pre-bound Triton launches (GPU test, eager profiler without/with), OpenMM Reference platform MD
+#   pt2      one GPU: the Triton-kernel .pt2 GPU test, then the export benchmark on water
 #   devlist  one GPU: device rebuilds of the graph step's list (tests, MD); the Triton .pt2 built with the system g++
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -217,11 +219,30 @@ last)
   done > "$out/md_last.log" 2>&1
   wait
   ;;
+prebound)
+  # one GPU, for the session after 2026-12-01 evening: pre-bound Triton launches (their GPU test,
+  # then the eager profiler without and with them), and OpenMM integrating on the CPU (Reference
+  # platform: no second CUDA context beside PyTorch's) with the model on the GPU
+  gpu_tests 0 "tests/cartesian/test_launcher.py:150" > "$out/tests_launcher.log" 2>&1
+  (FLASHCART_PREBOUND_LAUNCH=0 profile_run S eager inference 70; FLASHCART_PREBOUND_LAUNCH=1 profile_run S eager inference 70
+   FLASHCART_PREBOUND_LAUNCH=0 profile_run L eager inference 70; FLASHCART_PREBOUND_LAUNCH=1 profile_run L eager inference 70) \
+    > "$out/prebound.log" 2>&1
+  timeout 140 python3 benchmarks/md_vs_profile.py --structure water --device gpu --r-max 6 --steps 200 --repeat 20 \
+    --compile-mode reduce-overhead --step-mode graph --engines openmm --openmm-platform Reference --model $S 2>&1 \
+    | grep -viE "warn" > "$out/md_openmm_reference.log" 2>&1
+  ;;
+pt2)
+  # one GPU: the Triton-kernel .pt2 (compiled with a compiler that links libstdc++.so) against the
+  # Predictor, then the export benchmark on water with the whole call's remaining time
+  gpu_tests 0 "$X::test_cuda_package_matches_predictor[dtype2-1e-05-True]:330" > "$out/tests_triton_pt2.log" 2>&1
+  timeout 260 python3 benchmarks/export.py --device cuda --structures water --formats aoti --r-max 6 --repeat 50 --model $S \
+    > "$out/export.log" 2>&1
+  ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2 or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done
