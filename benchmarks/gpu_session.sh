@@ -59,6 +59,13 @@ profile_run() {  # MODEL (S or L) MODE (eager or a compile mode) PHASE SECONDS: 
   timeout "$4" bash benchmarks/profile_diamond.sh $opts $extra 2>&1 | grep -E "^\[|parameters|s/run|Error"
 }
 
+md_graph() {  # STRUCTURE SECONDS NOTE [md_vs_profile options]: ASE and OpenMM MD with the graph step, i2c3f20l2r, reduce-overhead
+  local st=$1 t=$2 note=$3; shift 3
+  echo "=== md $st (graph step, $note)"
+  timeout "$t" python3 benchmarks/md_vs_profile.py --structure "$st" --device gpu --r-max 6 --steps 200 --repeat 20 \
+    --compile-mode reduce-overhead --step-mode graph --model $S "$@" 2>&1 | grep -viE "warn"
+}
+
 case $part in
 tests)
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -200,11 +207,7 @@ devlist)
   ) > "$out/aoti.log" 2>&1 &
   gpu_tests 0 "tests/simulation/test_static_list.py tests/integrations/test_gpu.py::test_graph_step_equals_the_eager_engine_along_md_with_rebuilds tests/integrations/test_gpu.py::test_graph_is_captured_again_only_when_a_capacity_grows tests/integrations/test_gpu.py::test_battery_through_the_static_and_captured_steps:170" \
     > "$out/tests_devlist.log" 2>&1
-  for st in water diamond; do
-    echo "=== md $st (graph step, device rebuilds)"
-    timeout 150 python3 benchmarks/md_vs_profile.py --structure $st --device gpu --r-max 6 --steps 200 --repeat 20 \
-      --compile-mode reduce-overhead --step-mode graph --model $S 2>&1 | grep -viE "warn"
-  done > "$out/md_devlist.log" 2>&1
+  (md_graph water 150 "device rebuilds"; md_graph diamond 150 "device rebuilds") > "$out/md_devlist.log" 2>&1
   wait
   ;;
 last)
@@ -212,11 +215,7 @@ last)
   # at the first rebuild, inside the timed steps), and, beside it, the Triton .pt2 GPU test
   # compiled with the system g++ (its C++ wrapper then links libstdc++.so and loads)
   CXX=/usr/bin/g++ gpu_tests 0 "$X::test_cuda_package_matches_predictor[dtype2-1e-05-True]:230" > "$out/tests_triton_pt2.log" 2>&1 &
-  for st in water diamond; do
-    echo "=== md $st (graph step, device rebuilds captured with the step)"
-    timeout 135 python3 benchmarks/md_vs_profile.py --structure $st --device gpu --r-max 6 --steps 200 --repeat 20 \
-      --compile-mode reduce-overhead --step-mode graph --model $S 2>&1 | grep -viE "warn"
-  done > "$out/md_last.log" 2>&1
+  (md_graph water 135 "rebuild captured with the step"; md_graph diamond 135 "rebuild captured with the step") > "$out/md_last.log" 2>&1
   wait
   ;;
 prebound)
@@ -227,9 +226,7 @@ prebound)
   (FLASHCART_PREBOUND_LAUNCH=0 profile_run S eager inference 70; FLASHCART_PREBOUND_LAUNCH=1 profile_run S eager inference 70
    FLASHCART_PREBOUND_LAUNCH=0 profile_run L eager inference 70; FLASHCART_PREBOUND_LAUNCH=1 profile_run L eager inference 70) \
     > "$out/prebound.log" 2>&1
-  timeout 140 python3 benchmarks/md_vs_profile.py --structure water --device gpu --r-max 6 --steps 200 --repeat 20 \
-    --compile-mode reduce-overhead --step-mode graph --engines openmm --openmm-platform Reference --model $S 2>&1 \
-    | grep -viE "warn" > "$out/md_openmm_reference.log" 2>&1
+  md_graph water 140 "OpenMM on its Reference platform" --engines openmm --openmm-platform Reference > "$out/md_openmm_reference.log" 2>&1
   ;;
 pt2)
   # one GPU: the Triton-kernel .pt2 (compiled with a compiler that links libstdc++.so) against the

@@ -269,6 +269,24 @@ class StaticStep:
         return torch.cat(parts)
 
 
+def _capture(body: Callable[[], None], device: torch.device, warmup: int) -> torch.cuda.CUDAGraph:
+    """``body`` run ``warmup`` times eagerly on a side stream (compiling and autotuning whatever
+    its first calls compile), then captured on that stream as a CUDA graph."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            body()
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    # thread_local: another library in the process (OpenMM's CUDA platform) may use the
+    # device from its own threads; only this thread's work must be capture-safe
+    with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+        body()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    return graph
+
+
 class CapturedStep:
     """A :class:`StaticStep` captured as one CUDA graph, from a pinned host input ``[N, 3]``
     to a pinned host output (the packed results).
@@ -286,19 +304,7 @@ class CapturedStep:
         self.host_in = torch.empty(step.n, 3, dtype=step.dtype, pin_memory=True)
         self.host_out = torch.empty(step.packed_size(stress), dtype=step.dtype, pin_memory=True)
         self.host_in.copy_(step.positions)  # warm-up on the current (valid) positions
-        device = step.device
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
-            for _ in range(warmup):
-                self._body()
-        stream.synchronize()
-        self.graph = torch.cuda.CUDAGraph()
-        # thread_local: another library in the process (OpenMM's CUDA platform) may use the
-        # device from its own threads; only this thread's work must be capture-safe
-        with torch.cuda.graph(self.graph, stream=stream, capture_error_mode="thread_local"):
-            self._body()
-        torch.cuda.current_stream(device).wait_stream(stream)
+        self.graph = _capture(self._body, step.device, warmup)
 
     def _body(self) -> None:
         self.step.positions.copy_(self.host_in, non_blocking=True)
@@ -331,19 +337,8 @@ class CapturedRebuild:
     """
 
     def __init__(self, captured: CapturedStep, cell_list, warmup: int = 2):
-        step = captured.step
         self.captured, self.cell_list = captured, cell_list
-        device = step.device
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):  # the warm-up rebuilds at the input's positions: a valid list
-            for _ in range(warmup):
-                self._body()
-        stream.synchronize()
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, stream=stream, capture_error_mode="thread_local"):
-            self._body()
-        torch.cuda.current_stream(device).wait_stream(stream)
+        self.graph = _capture(self._body, captured.step.device, warmup)  # the warm-up rebuilds at the input's positions: a valid list
 
     def _body(self) -> None:
         step = self.captured.step
