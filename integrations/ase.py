@@ -40,6 +40,7 @@ class FlashCartCalculator(Calculator):
         pad: pad to growing capacities (default: on when compiling).
         pad_atom_multiple, pad_edge_multiple: capacity rounding.
         add_atomic_offsets: include the per-element energy shifts in the energy.
+        headroom: spare buffer capacity (fraction), as for :class:`~flashcart.simulation.Engine`.
         step: how the engine runs a step: ``auto``, ``dynamic``, ``static`` or ``graph`` (see
             :class:`~flashcart.simulation.Engine`).
     """
@@ -58,6 +59,7 @@ class FlashCartCalculator(Calculator):
         pad_edge_multiple: int = 128,
         add_atomic_offsets: bool = True,
         step: str = "auto",
+        headroom: float = 0.1,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -73,6 +75,7 @@ class FlashCartCalculator(Calculator):
             pad_edge_multiple=pad_edge_multiple,
             add_atomic_offsets=add_atomic_offsets,
             step=step,
+            headroom=headroom,
         )
 
     def check_state(self, atoms, tol: float = 1e-15) -> list[str]:

@@ -110,6 +110,7 @@ def create_force(
     pad_edge_multiple: int = 128,
     add_atomic_offsets: bool = True,
     step: str = "auto",
+    headroom: float = 0.1,
 ) -> openmm.PythonForce:
     """A ``PythonForce`` evaluating a FlashCart model.
 
@@ -123,7 +124,7 @@ def create_force(
         atoms: indices of the particles the model acts on (``setParticles``); ``None``: all.
         periodic: use the system's periodic box (``setUsesPeriodicBoundaryConditions``).
         device, dtype, skin (Å), compile_mode, pad, pad_atom_multiple, pad_edge_multiple,
-        add_atomic_offsets, step: as for :class:`~flashcart.simulation.Engine` (skin defaults to
+        add_atomic_offsets, step, headroom: as for :class:`~flashcart.simulation.Engine` (skin defaults to
         0.5 Å here: every OpenMM step moves the atoms).
     """
     numbers = np.asarray(numbers, dtype=np.int64)
@@ -146,6 +147,7 @@ def create_force(
         pad_edge_multiple=pad_edge_multiple,
         add_atomic_offsets=add_atomic_offsets,
         step=step,
+        headroom=headroom,
     )
     check = getattr(evaluator, "check_numbers", None)
     if check is not None:

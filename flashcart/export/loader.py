@@ -144,7 +144,7 @@ def md_evaluator(cfg: dict, out=print) -> ExportedPotential:
 
     The file fixes device, dtype and compilation: ``device`` must be ``auto`` or the file's,
     ``dtype`` the file's, ``compile_mode`` unset; anything else is a ``ConfigError`` naming the
-    key. ``skin`` does not apply (the file builds its neighbour list on every call) and
+    key. ``skin`` and ``headroom`` do not apply (the file builds its neighbour list on every call) and
     ``compare_profile`` needs a checkpoint; both are reported through ``out``.
     """
     from ..config import ConfigError
@@ -164,7 +164,7 @@ def md_evaluator(cfg: dict, out=print) -> ExportedPotential:
     if cfg["engine_step"] != "auto":
         raise ConfigError(f"key 'engine_step': {pot.path} runs its own step (neighbour list inside); leave engine_step=auto")
     what = f"{pot.format}, {dtype}, {pot.device.type}"
-    notes = [f"[md] exported model {pot.path} ({what}): neighbour list built inside on every step, skin not used"]
+    notes = [f"[md] exported model {pot.path} ({what}): neighbour list built inside on every step, skin and headroom not used"]
     if cfg.get("compare_profile"):
         notes.append("[md] compare_profile: needs a checkpoint, skipped for an exported model")
     for line in notes:

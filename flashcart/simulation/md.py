@@ -52,6 +52,7 @@ MD_SCHEMA: dict[str, str | tuple] = {
     "dtype": ("float32", "float64"),
     "compile_mode": (None, *COMPILE_MODES),
     "skin": "nonneg_float",
+    "headroom": "nonneg_float",
     "engine_step": ("auto", "dynamic", "static", "graph"),
     "openmm_platform": "str?",
     "compare_profile": "bool",
@@ -309,6 +310,7 @@ def run_md(cfg: dict[str, Any], progress: bool = True, out: Callable[[str], None
             skin=cfg["skin"],
             compile_mode=cfg["compile_mode"],
             step=cfg["engine_step"],
+            headroom=cfg["headroom"],
         )
     engine.check_numbers(atoms.numbers)
     if cfg["initial_velocities"]:

@@ -57,3 +57,11 @@ def test_snapshot_follows_a_changed_system(model):
     smaller.positions[0] += 0.01
     smaller.get_potential_energy()
     assert np.array_equal(calc.atoms.get_momenta(), smaller.get_momenta())  # arrays follow in place
+
+
+def test_engine_options_reach_the_engine_and_clash_with_a_given_evaluator(model):
+    calc = FlashCartCalculator(model, device="cpu", dtype="float64", skin=0.3, headroom=0.02, step="static")
+    engine = calc.engine
+    assert (engine.skin, engine.headroom, engine.step) == (0.3, 0.02, "static")
+    with pytest.raises(ValueError, match=r"options \['headroom'\] configure a new engine"):
+        FlashCartCalculator(Engine(model, device="cpu"), headroom=0.3)

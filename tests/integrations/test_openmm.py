@@ -292,3 +292,20 @@ def test_a_particle_count_that_does_not_match_the_numbers_is_a_clear_error(model
     ctx.setPositions(atoms.positions / ANGSTROM_PER_NM)
     with pytest.raises(Exception, match="OpenMM passed 9 particles to the FlashCart force, which was built for 6 atomic numbers"):
         ctx.getState(getEnergy=True)
+
+
+def test_create_force_passes_headroom_to_the_engine(model, monkeypatch):
+    import flashcart.integrations.openmm as omm
+
+    seen = {}
+    real = omm.make_evaluator
+
+    def spy(model, **options):
+        seen.update(options)
+        return real(model, **options)
+
+    monkeypatch.setattr(omm, "make_evaluator", spy)
+    create_force(model, [8, 1, 1], device="cpu", headroom=0.03)
+    assert seen["headroom"] == 0.03
+    with pytest.raises(ValueError, match=r"options \['headroom'\] configure a new engine"):
+        create_force(Engine(model, device="cpu"), [8, 1, 1], headroom=0.3)

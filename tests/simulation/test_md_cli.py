@@ -32,6 +32,7 @@ def test_packaged_md_config_covers_the_schema_and_comments_every_key():
         ("steps=0", "'steps' must be >= 1"),
         ("timestep=-1", "'timestep' must be > 0"),
         ("compile_mode=fast", "'compile_mode' must be one of"),
+        ("headroom=-0.1", "'headroom' must be >= 0"),
         ("trajectory=out.pdb", "must end in .extxyz, .xyz or .dcd"),
     ],
 )
