@@ -14,8 +14,9 @@ replay, and it reports what did not fit instead of reallocating:
 2. every bin holds at most ``slots`` atoms (a table ``[bins, slots]``; the atoms beyond are
    dropped, and the fullest bin's count is reported);
 3. every atom's candidates are the table rows of the ``K`` bins within reach: a dense
-   ``[N, K, slots]`` block, exact distances in the step's dtype, element-wise (no matrix product
-   whose precision a TF32 setting could change);
+   ``[N, K, slots]`` block (searched in blocks of receivers that bound the memory), exact
+   distances in the step's dtype, element-wise (no matrix product whose precision a TF32
+   setting could change);
 4. the pairs within the cutoff are compacted, in (receiver, bin offset, slot) order (so
    grouped by receiver, ascending), into ``capacity`` slots (the count is reported; the pairs
    beyond are dropped).
@@ -25,7 +26,7 @@ Pairs are ``(i, j, S)`` with ``|x_j - x_i + S @ cell| < cutoff`` for the positio
 the same set as ASE's ``primitive_neighbor_list`` (tested on the hard cases: triclinic cells,
 cells thinner than the cutoff with many images of each atom, open boundaries). Structures
 periodic along some directions only are not supported (:func:`supports`); nor are those whose
-dense candidate block would exceed ``max_candidates``.
+dense candidates would exceed :data:`MAX_CANDIDATES`.
 
 The results are valid only when the reported counts fit: ``pairs <= capacity`` and
 ``fullest bin <= slots``; the caller checks both (in the same transfer as the step's results)
@@ -44,7 +45,8 @@ __all__ = ["ListPlan", "StaticCellList", "plan_cell_list", "supports"]
 
 _FAR = 1.0e6  # Å: where an empty table slot's atom is, far beyond any cutoff
 _SPREAD = 1024  # rejected candidates are scattered over this many spare slots (not one address)
-MAX_CANDIDATES = 16_000_000  # dense candidate block, atoms x bins in reach x slots
+MAX_CANDIDATES = 64_000_000  # dense candidates in all, atoms x bins in reach x slots (beyond: host builds)
+BLOCK_CANDIDATES = 4_000_000  # candidates held at once (receivers are searched in blocks)
 
 
 def supports(pbc) -> bool:
@@ -151,9 +153,21 @@ class StaticCellList:
         cutoff: Å.
         capacity: pair slots.
         dtype, device: of the positions.
+        block_candidates: candidates held at once (receivers are searched in blocks of
+            ``block_candidates // (K * slots)`` atoms, at least one, so memory stays bounded
+            for large structures; a block is about 40 bytes a candidate).
     """
 
-    def __init__(self, plan: ListPlan, n_atoms: int, cutoff: float, capacity: int, dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        plan: ListPlan,
+        n_atoms: int,
+        cutoff: float,
+        capacity: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        block_candidates: int = BLOCK_CANDIDATES,
+    ):
         if n_atoms < 1:
             raise ValueError("a neighbour list needs at least one atom")
         if capacity < 1:
@@ -174,11 +188,14 @@ class StaticCellList:
         self.offsets = torch.stack([g.reshape(-1) for g in grid], dim=1)  # [K, 3]
         k, m = self.offsets.shape[0], plan.slots
         self.k, self.m = k, m
-        center = (r0 * (2 * r1 + 1) + r1) * (2 * r2 + 1) + r2
-        self.center = torch.zeros(1, k, 1, dtype=torch.bool, device=device)
-        self.center[0, center, 0] = True
-        self.flat = torch.arange(n_atoms * k * m, **i)
+        self.center_offset = (r0 * (2 * r1 + 1) + r1) * (2 * r2 + 1) + r2
+        self.block = max(1, min(self.n, int(block_candidates) // (k * m)))  # receivers per block
+        per_block = self.block * k * m
+        self.flat = torch.arange(per_block, **i)  # a block's candidate index
+        self.flat_offset = torch.div(self.flat, m, rounding_mode="floor") % k  # its bin offset
+        self.flat_atom = torch.div(self.flat, k * m, rounding_mode="floor")  # its receiver within the block
         self.spare = self.capacity + self.flat % _SPREAD  # where rejected candidates go
+        self.is_center = (self.flat_offset == self.center_offset).view(self.block, k, m)
         self.atoms = torch.arange(n_atoms, **i)
         self.pair_slots = torch.arange(self.capacity, **i)
         self.far = torch.full((1, 3), _FAR, **f)
@@ -209,42 +226,52 @@ class StaticCellList:
         rank = self.atoms - starts.index_select(0, sorted_bins)
         slot = torch.where(rank < m, sorted_bins * m + rank, self.n_bins * m)
         table = torch.full((self.n_bins * m + 1,), n, dtype=torch.long, device=self.device).scatter_(0, slot, order)
-        # every atom's bins in reach, and the lattice vectors a wrapped bin index stands for
-        target = coord[:, None, :] + self.offsets[None]  # [N, K, 3]
-        if plan.periodic:
-            wrap = torch.div(target, self.bins_t, rounding_mode="floor")
-            target = target - wrap * self.bins_t
-            inside = None
-        else:
-            wrap = None
-            inside = ((target >= 0) & (target < self.bins_t)).all(-1)  # [N, K]
-            target = torch.minimum(target.clamp_min(0), self.bins_t - 1)
-        tbin = (target * self.strides).sum(-1)  # [N, K]
-        cand = table[: self.n_bins * m].view(self.n_bins, m).index_select(0, tbin.reshape(-1)).view(n, k, m)
-        if inside is not None:
-            cand = torch.where(inside[:, :, None], cand, n)
+        table = table[: self.n_bins * m].view(self.n_bins, m)
         padded = torch.cat([wrapped, self.far.to(wrapped.dtype)])  # [N + 1, 3]: row N is no atom
-        v = padded.index_select(0, cand.reshape(-1)).view(n, k, m, 3) - wrapped[:, None, None, :]
-        if wrap is not None:
-            v = v + _rows_times(wrap.to(positions.dtype), self.cell)[:, :, None, :]
-        d2 = v[..., 0] * v[..., 0] + v[..., 1] * v[..., 1] + v[..., 2] * v[..., 2]
-        keep = (d2 < self.cutoff * self.cutoff) & (cand < n) & ~((cand == self.atoms[:, None, None]) & self.center)
-        keep = keep.reshape(-1)
-        rank = torch.cumsum(keep.to(torch.int32), 0, dtype=torch.int32)
-        count = rank[-1].long()
-        dest = torch.where(keep & (rank <= self.capacity), rank.long() - 1, self.spare)
-        chosen = torch.zeros(self.capacity + _SPREAD, dtype=torch.long, device=self.device).scatter_(0, dest, self.flat)
-        chosen = chosen[: self.capacity]
-        valid = self.pair_slots < count
-        chosen = torch.where(valid, chosen, 0)
-        receivers = torch.div(chosen, k * m, rounding_mode="floor")
-        senders = torch.where(valid, cand.reshape(-1).index_select(0, chosen), 0)  # slot 0's candidate may be "no atom"
-        if wrap is not None:
-            cell_offset = torch.div(chosen, m, rounding_mode="floor")  # receiver * K + offset
-            shifts = wrap.reshape(-1, 3).index_select(0, cell_offset) + image.index_select(0, receivers) - image.index_select(0, senders)
-            shifts = shifts.to(positions.dtype)
+        # per block of receivers: candidates, distances, and the kept ones scattered to their
+        # ranks (receiver, bin offset, slot order), after the pairs of the blocks before
+        spare = self.capacity + _SPREAD
+        receivers = torch.zeros(spare, dtype=torch.long, device=self.device)
+        senders = torch.zeros(spare, dtype=torch.long, device=self.device)
+        offset_of = torch.zeros(spare, dtype=torch.long, device=self.device)
+        found = torch.zeros((), dtype=torch.long, device=self.device)
+        for first in range(0, n, self.block):
+            b = min(self.block, n - first)
+            c = b * k * m
+            target = coord[first : first + b, None, :] + self.offsets[None]  # [b, K, 3]
+            if plan.periodic:
+                wrap = torch.div(target, self.bins_t, rounding_mode="floor")
+                target = target - wrap * self.bins_t
+            else:
+                wrap = None
+                inside = ((target >= 0) & (target < self.bins_t)).all(-1)  # [b, K]: open ends
+                target = torch.minimum(target.clamp_min(0), self.bins_t - 1)
+            cand = table.index_select(0, ((target * self.strides).sum(-1)).reshape(-1)).view(b, k, m)
+            if wrap is None:
+                cand = torch.where(inside[:, :, None], cand, n)
+            v = padded.index_select(0, cand.reshape(-1)).view(b, k, m, 3) - wrapped[first : first + b, None, None, :]
+            if wrap is not None:
+                v = v + _rows_times(wrap.to(positions.dtype), self.cell)[:, :, None, :]
+            d2 = v[..., 0] * v[..., 0] + v[..., 1] * v[..., 1] + v[..., 2] * v[..., 2]
+            own = cand == self.atoms[first : first + b, None, None]
+            keep = (d2 < self.cutoff * self.cutoff) & (cand < n) & ~(own & self.is_center[:b])
+            keep = keep.reshape(-1)
+            ranks = torch.cumsum(keep.to(torch.int32), 0, dtype=torch.int32).long() + found
+            dest = torch.where(keep & (ranks <= self.capacity), ranks - 1, self.spare[:c])
+            receivers.scatter_(0, dest, self.flat_atom[:c] + first)
+            senders.scatter_(0, dest, cand.reshape(-1))
+            offset_of.scatter_(0, dest, self.flat_offset[:c])
+            found = ranks[-1]
+        valid = self.pair_slots < found
+        receivers = torch.where(valid, receivers[: self.capacity], 0)
+        senders = torch.where(valid, senders[: self.capacity], 0)
+        if plan.periodic:
+            cell_offset = torch.where(valid, offset_of[: self.capacity], self.center_offset)
+            target = coord.index_select(0, receivers) + self.offsets.index_select(0, cell_offset)
+            wrap = torch.div(target, self.bins_t, rounding_mode="floor")
+            shifts = wrap + image.index_select(0, receivers) - image.index_select(0, senders)
+            shifts = torch.where(valid[:, None], shifts, 0).to(positions.dtype)
         else:
             shifts = torch.zeros(self.capacity, 3, dtype=positions.dtype, device=self.device)
-        shifts = torch.where(valid[:, None], shifts, 0)
-        status = torch.stack([count, counts.max()])
+        status = torch.stack([found, counts.max()])
         return receivers, senders, shifts, valid, status

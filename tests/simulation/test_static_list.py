@@ -33,12 +33,17 @@ def test_supported_cases_cover_periodic_and_open_structures():
         plan_cell_list(np.zeros((2, 3)), np.eye(3) * 5, (True, True, False), 3.0)
 
 
+@pytest.mark.parametrize("blocks", ["one block", "small blocks"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("case", sorted(SUPPORTED))
-def test_equals_ase_in_receiver_order_with_spare_slots_empty(case, dtype):
+def test_equals_ase_in_receiver_order_with_spare_slots_empty(case, dtype, blocks):
     pos, cell, pbc, cutoff = SUPPORTED[case]
     reference = ase_edges(pos, cell, pbc, cutoff)
-    cell_list = StaticCellList(plan_cell_list(pos, cell, pbc, cutoff), len(pos), cutoff, len(reference) + 13, dtype, CPU)
+    plan = plan_cell_list(pos, cell, pbc, cutoff)
+    per_atom = plan.offsets * plan.slots
+    block_candidates = 10**9 if blocks == "one block" else 3 * per_atom - 1  # two atoms a block, the last alone
+    cell_list = StaticCellList(plan, len(pos), cutoff, len(reference) + 13, dtype, CPU, block_candidates=block_candidates)
+    assert cell_list.block == (len(pos) if blocks == "one block" else min(2, len(pos)))
     receivers, senders, shifts, valid, status = _pairs(cell_list, pos, dtype)
     assert status[0] == len(reference) and int(valid.sum()) == len(reference) and bool(valid[: len(reference)].all())
     assert our_edges(receivers[valid], senders[valid], shifts[valid]) == reference
@@ -64,10 +69,12 @@ def test_overflows_are_reported_with_the_true_counts():
     pos, cell, pbc, cutoff = SUPPORTED["triclinic_many_bins"]
     reference = ase_edges(pos, cell, pbc, cutoff)
     plan = plan_cell_list(pos, cell, pbc, cutoff)
-    few = StaticCellList(plan, len(pos), cutoff, 100, torch.float64, CPU)
-    receivers, senders, shifts, valid, status = _pairs(few, pos, torch.float64)
-    assert status[0] == len(reference) > 100 and bool(valid.all())  # every slot used; the count says how many more
-    assert set(our_edges(receivers, senders, shifts)) <= set(reference)
+    for block_candidates in (10**9, 7 * plan.offsets * plan.slots):  # one block, blocks of seven atoms
+        few = StaticCellList(plan, len(pos), cutoff, 100, torch.float64, CPU, block_candidates=block_candidates)
+        receivers, senders, shifts, valid, status = _pairs(few, pos, torch.float64)
+        assert status[0] == len(reference) > 100 and bool(valid.all())  # every slot used; the count says how many more
+        ours = our_edges(receivers, senders, shifts)
+        assert set(ours) <= set(reference) and [e[0] for e in ours] == [e[0] for e in reference[:100]]  # the first, by receiver
     tight = plan_cell_list(pos, cell, pbc, cutoff, headroom=0.0)
     narrow = StaticCellList(type(tight)(**{**tight.__dict__, "slots": 1}), len(pos), cutoff, len(reference), torch.float64, CPU)
     *_, status = _pairs(narrow, pos, torch.float64)
