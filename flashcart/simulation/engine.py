@@ -47,6 +47,16 @@ It owns what a simulation needs around the model call:
     4.12 ms an ASE step on water and diamond against the dynamic step's 4.00 and 5.48 ms (the
     model sees only the pairs within ``r_max``). If a capture that the engine chose fails, it warns and continues with
     ``"static"``; an explicit ``step="graph"`` raises.
+
+* device rebuilds (static and graph steps on CUDA, :attr:`Engine.device_rebuild`): a stale
+  list is rebuilt on the device by a :class:`~flashcart.simulation.static_list.StaticCellList`
+  planned at the last host build, into the same buffers and without a synchronisation (the
+  graph step captures it with the step and replays it first). Its pair count and fullest bin
+  come back with the step's results; a list that did not fit discards the step and builds on
+  the host with grown capacities. On the H200 this took the ASE water step from 3.09 to
+  2.58 ms (benchmarks/RESULTS.md, 2026-12-01 evening). Structures periodic along some
+  directions only, and those whose dense candidates exceed
+  :data:`~flashcart.simulation.static_list.MAX_CANDIDATES`, build on the host.
 """
 
 from __future__ import annotations
