@@ -90,6 +90,8 @@ STEP_MODES = ("auto", "dynamic", "static", "graph")
 # (benchmarks/RESULTS.md, 2026-12-01: 3.09 against 4.00 ms an ASE step on water, 4.12 against
 # 5.48 ms on diamond).
 AUTO_GRAPH_STEP = True
+# spare atoms per bin of the device rebuilds' cell list (relative to the fullest bin at a host build)
+SLOT_HEADROOM = 0.5
 # the compile mode of the model inside a captured step: the same without its own CUDA graphs
 _WITHOUT_CUDA_GRAPHS = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 
@@ -525,13 +527,14 @@ class Engine:
         self.neighbor_list_builds += 1
 
     def _make_cell_list(self, pos: torch.Tensor, cell: np.ndarray, pbc: np.ndarray, step: StaticStep) -> StaticCellList | None:
-        """The device rebuilder of ``step``'s ``r_max + skin`` list, planned at ``pos`` (bins and
-        slots with ``headroom``); ``None`` where device rebuilds are off, or the structure is
+        """The device rebuilder of ``step``'s ``r_max + skin`` list, planned at ``pos`` (bins, and
+        slots with :data:`SLOT_HEADROOM`, not the engine's ``headroom``: a full bin only costs a
+        host build, and fewer slots would not make the model cheaper); ``None`` where device rebuilds are off, or the structure is
         periodic along some directions only, or its dense candidate block would be too large."""
         if not self.device_rebuild or self.skin <= 0 or not supports(pbc):
             return None
         cutoff = self.r_max + self.skin
-        plan = plan_cell_list(pos.detach().cpu().double().numpy(), cell, pbc, cutoff, self.headroom)
+        plan = plan_cell_list(pos.detach().cpu().double().numpy(), cell, pbc, cutoff, SLOT_HEADROOM)
         if plan.candidates(step.n) > MAX_CANDIDATES:
             return None
         return StaticCellList(plan, step.n, cutoff, step.capacities.pairs, self.dtype, self.device)
