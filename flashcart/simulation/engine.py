@@ -127,6 +127,11 @@ class _System:
         return np.array_equal(numbers, self.numbers) and np.array_equal(pbc, self.pbc) and np.array_equal(cell, self.cell)
 
 
+def _count(host: np.ndarray, k: int) -> int:
+    """Entry ``k`` of a packed static-step result's header, a count stored in the step's dtype."""
+    return int(round(float(host[k])))
+
+
 def _as_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if dtype in ("float32", torch.float32):
         return torch.float32
@@ -444,7 +449,7 @@ class Engine:
                 moved = math.sqrt(max(float(host[1]), 0.0))
                 if moved > 0.5 * self.skin:
                     self.stale_evaluations += 1
-                elif int(round(float(host[2]))) > self._static.capacities.edges:
+                elif _count(host, 2) > self._static.capacities.edges:
                     self.capacity_overflows += 1
                     stale = False
                 else:
@@ -463,7 +468,7 @@ class Engine:
                     self.capacity_overflows += 1  # the host build below grows the capacities
         self._build_static(positions, numbers, cell, pbc)
         host = self._run_static(positions, stress)
-        if int(round(float(host[2]))) > self._static.capacities.edges:  # the build sized it from this count
+        if _count(host, 2) > self._static.capacities.edges:  # the build sized it from this count
             raise RuntimeError(f"{int(host[2])} pairs within r_max right after a build with {self._static.capacities.edges} edge slots")
         self._moved = (0.0, 0.0)
         return self._static_result(host, stress)
@@ -472,8 +477,7 @@ class Engine:
         """Whether a device rebuild's list (pairs listed, fullest bin) and the step's pairs within
         ``r_max`` fitted their capacities (else that step's results are wrong)."""
         step, cell_list = self._static, self._cell_list
-        listed, fullest = int(round(float(host[3]))), int(round(float(host[4])))
-        within = int(round(float(host[2])))
+        within, listed, fullest = _count(host, 2), _count(host, 3), _count(host, 4)
         if listed > step.capacities.pairs or fullest > cell_list.m or within > step.capacities.edges:
             return False
         step.n_pairs = listed
@@ -590,7 +594,7 @@ class Engine:
 
     def _static_result(self, host: np.ndarray, stress: bool) -> Evaluation:
         n = self._static.n
-        self.model_edges = int(round(float(host[2])))
+        self.model_edges = _count(host, 2)
         energy = float(host[0])
         if not self.add_atomic_offsets:
             energy -= self._system.offset

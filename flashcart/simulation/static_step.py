@@ -152,7 +152,9 @@ class StaticStep:
         self.pair_senders = torch.zeros(p, **i)
         self.pair_shifts = torch.zeros(p, 3, **f)
         self.pair_valid = torch.zeros(p, dtype=torch.bool, device=device)
-        self.list_status = torch.zeros(2, **i)  # pairs listed, atoms in the fullest bin (0 for a host list)
+        # pairs listed, atoms in the fullest bin (0 for a host list); in the step's dtype, as packed
+        # (cast once a rebuild, not once a step)
+        self.list_status = torch.zeros(2, **f)
         self.n_pairs = 0
         # padding: atoms n..a-1 on a line 2 r_max apart (graph 1), edges between neighbouring ones
         self.n_padding = pa = a - n
@@ -262,7 +264,7 @@ class StaticStep:
         pos, moved2 = self.unwrapped()
         inputs, count = self.model_inputs(pos, stress)
         energy, forces, s = self.model_call(*inputs)
-        parts = [energy[:1].detach(), moved2.reshape(1), count.to(self.dtype).reshape(1), self.list_status.to(self.dtype)]
+        parts = [energy[:1].detach(), moved2.reshape(1), count.to(self.dtype).reshape(1), self.list_status]
         parts.append(forces[: self.n].detach().reshape(-1))
         if stress:
             parts.append(s[0].detach().reshape(-1))

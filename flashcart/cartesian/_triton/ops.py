@@ -27,7 +27,6 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from .._layout import edge_csr
 from .._linear_spec import BWD_W, BWD_X, FWD, N_COLS, linear_spec, n_tiles
-from . import launcher
 from .common import DT as _DT
 from .common import block_f as _block_f
 from .common import cdiv as _cdiv
@@ -38,7 +37,7 @@ from .common import tp_shapes as _tp_shapes
 from .double_backward import env_mode, fused_outputs
 from .double_backward import tp_dbwd as _tp_dbwd_op
 from .linear_kernel import default_tiles, grouped_matmul, linear_tiles
-from .signatures import EXPANSION_FWD, EXPANSION_SECOND, EXPANSION_VJP, TP_BWD_EDGE, TP_BWD_X1_CSR, TP_FWD, traceable
+from .signatures import EXPANSION_FWD, EXPANSION_SECOND, EXPANSION_VJP, TP_BWD_EDGE, TP_BWD_X1_CSR, TP_FWD, launch_kernel
 from .source import expansion_module, product_key, product_module
 
 __all__ = ["tensor_product", "direction_expansion", "equivariant_linear", "edge_csr", "FUSED_DOUBLE_BACKWARD"]
@@ -498,11 +497,7 @@ def _launch_grouped(a: Tensor, b: Tensor, c: Tensor, table: Tensor, key: str, ki
         SPLIT=split,
         PRECISION=t.precision,
     )
-    kernel = traceable(grouped_matmul, a)
-    if kernel is grouped_matmul:  # a real launch: pre-bound when enabled (launcher.py)
-        launcher.launch(kernel, (tiles, split), values, options)
-    else:
-        kernel[(tiles, split)](**values, **options)
+    launch_kernel(grouped_matmul, a, (tiles, split), values, options)
 
 
 def _check_table(table: Tensor, key: str, like: Tensor) -> None:

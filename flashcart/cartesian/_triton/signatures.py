@@ -18,6 +18,7 @@ from . import launcher
 
 __all__ = [
     "KernelSignature",
+    "launch_kernel",
     "TP_FWD",
     "TP_BWD_EDGE",
     "TP_BWD_X1_CSR",
@@ -57,12 +58,18 @@ class KernelSignature:
             missing, unknown = sorted(expected - values.keys()), sorted(values.keys() - expected)
             raise TypeError(f"kernel {self.name}: missing arguments {missing}, unknown arguments {unknown}")
         options = {} if num_warps is None else {"num_warps": num_warps}
-        kernel = getattr(module, self.name)
-        wrapped = traceable(kernel, values[self.args[0]])
-        if wrapped is kernel:  # a real launch: pre-bound when enabled (launcher.py)
-            launcher.launch(kernel, grid, values, options)
-        else:
-            wrapped[grid](**values, **options)
+        launch_kernel(getattr(module, self.name), values[self.args[0]], grid, values, options)
+
+
+def launch_kernel(kernel: Any, probe: Any, grid: tuple, values: dict[str, Any], options: dict[str, Any]) -> None:
+    """``kernel[grid](**values, **options)`` as an op runs it: through ``torch.library.wrap_triton``
+    when ``probe`` is a tracing tensor (:func:`traceable`), else a real launch, pre-bound when
+    enabled (:mod:`.launcher`)."""
+    wrapped = traceable(kernel, probe)
+    if wrapped is kernel:
+        launcher.launch(kernel, grid, values, options)
+    else:
+        wrapped[grid](**values, **options)
 
 
 def traceable(kernel: Any, probe: Any) -> Any:
