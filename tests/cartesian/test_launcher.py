@@ -133,3 +133,12 @@ def test_pre_bound_launches_compute_what_the_kernels_launches_compute(monkeypatc
     for a, b, c in zip(plain, first, again):
         assert torch.equal(torch.as_tensor(a), torch.as_tensor(b)) and torch.equal(torch.as_tensor(a), torch.as_tensor(c))
     launcher.clear()
+
+
+@pytest.mark.parametrize("raw, enabled", [("0", False), ("1", True)])
+def test_the_environment_variable_is_0_or_1(monkeypatch, raw, enabled):
+    monkeypatch.setenv("FLASHCART_PREBOUND_LAUNCH", raw)
+    assert launcher._enabled() is enabled
+    monkeypatch.setenv("FLASHCART_PREBOUND_LAUNCH", "yes")
+    with pytest.raises(ValueError, match="FLASHCART_PREBOUND_LAUNCH must be 0 or 1, got 'yes'"):
+        launcher._enabled()

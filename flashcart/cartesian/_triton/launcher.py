@@ -29,7 +29,15 @@ import torch
 
 __all__ = ["ENABLED", "launch", "specialisation", "clear"]
 
-ENABLED = os.environ.get("FLASHCART_PREBOUND_LAUNCH", "0") == "1"
+
+def _enabled() -> bool:
+    raw = os.environ.get("FLASHCART_PREBOUND_LAUNCH", "0")
+    if raw not in ("0", "1"):
+        raise ValueError(f"environment variable FLASHCART_PREBOUND_LAUNCH must be 0 or 1, got {raw!r}")
+    return raw == "1"
+
+
+ENABLED = _enabled()
 
 _launchers: dict[tuple, tuple[Callable, Any, Any, Any]] = {}
 
