@@ -22,6 +22,8 @@
 #   last     one GPU: MD with the rebuild captured with the step; the Triton .pt2 test with CXX=/usr/bin/g++
 #   prebound one GPU: pre-bound Triton launches (GPU test, eager profiler without/with), OpenMM Reference platform MD
 #   pt2      one GPU: the Triton-kernel .pt2 GPU test, then the export benchmark on water
+#   omm      one GPU, alone: MD on water with OpenMM on its CUDA and Reference platforms and two
+#            headrooms; then the pre-bound launches (GPU test, eager profiler without/with)
 #   devlist  one GPU: device rebuilds of the graph step's list (tests, MD); the Triton .pt2 built with the system g++
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -235,11 +237,22 @@ pt2)
   timeout 260 python3 benchmarks/export.py --device cuda --structures water --formats aoti --r-max 6 --repeat 50 --model $S \
     > "$out/export.log" 2>&1
   ;;
+omm)
+  # one GPU, 2026-12-01 night: nothing else on the card while MD is timed. OpenMM's CUDA platform
+  # (its own CUDA context beside PyTorch's) against its Reference platform (integration on the
+  # host: a PythonForce round trip of about 1 us here), each with the engine's default headroom
+  # and a smaller one (fewer padding edges in the captured step)
+  md_graph water 250 "CUDA and Reference platforms, headroom 0.1 and 0.03" --openmm-platform CUDA Reference --headroom 0.1 0.03 \
+    > "$out/md_water.log" 2>&1
+  gpu_tests 0 "tests/cartesian/test_launcher.py:100" > "$out/tests_launcher.log" 2>&1
+  (FLASHCART_PREBOUND_LAUNCH=0 profile_run S eager inference 60; FLASHCART_PREBOUND_LAUNCH=1 profile_run S eager inference 60) \
+    > "$out/prebound.log" 2>&1
+  ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2 or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

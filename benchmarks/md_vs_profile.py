@@ -145,7 +145,11 @@ def ase_md(model, atoms: Atoms, args, step: str) -> tuple[float, Engine, dict]:
 
 
 def _openmm_platform(args) -> str:
-    return args.openmm_platform or ("CUDA" if args.device == "gpu" else "CPU")
+    """The platform of this run: ``args.openmm_platform`` is one name (a run) or a list (all runs)."""
+    chosen = args.openmm_platform
+    if isinstance(chosen, (list, tuple)):
+        chosen = chosen[0] if chosen else None
+    return chosen or ("CUDA" if args.device == "gpu" else "CPU")
 
 
 def _openmm_context(atoms: Atoms, force, args, extra_properties: dict | None = None):
@@ -326,12 +330,16 @@ def main() -> None:
         "--step-mode", nargs="+", default=["auto"], choices=["auto", "dynamic", "static", "graph"], help="engine step modes to compare"
     )
     parser.add_argument("--openmm-spin", action="store_true", help="also run OpenMM with UseBlockingSync=false (CUDA platform)")
-    parser.add_argument("--openmm-platform", default=None, help="default: CUDA on --device gpu, else CPU")
+    parser.add_argument(
+        "--openmm-platform", nargs="+", default=None, help="OpenMM platforms to run, each in turn (default: CUDA on --device gpu, else CPU)"
+    )
     parser.add_argument("--openmm-property", nargs="*", default=[], help="OpenMM platform properties KEY=VALUE")
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--skin", type=float, default=0.5)
-    parser.add_argument("--headroom", type=float, default=0.1, help="engine capacity headroom (static step: spare edge slots)")
+    parser.add_argument(
+        "--headroom", type=float, nargs="+", default=[0.1], help="engine capacity headrooms (static step: spare edge slots), each in turn"
+    )
     parser.add_argument("--r-max", type=float, default=5.0)
     parser.add_argument("--model", nargs="*", default=[], help="KEY=VALUE model options")
     args = parser.parse_args()
@@ -371,21 +379,28 @@ def main() -> None:
         print(line)
     print(f"structure={args.structure} atoms={len(atoms)} device={args.device} compile={args.compile_mode or 'eager'} skin={args.skin}")
     print(f"profiler inference: {prof:.6f} s/run")
-    for mode in args.step_mode:
+    platforms = args.openmm_platform or [None]
+    runs_of = [(mode, headroom) for headroom in args.headroom for mode in args.step_mode]
+    for mode, headroom in runs_of:
+        run_args = argparse.Namespace(**{**vars(args), "headroom": headroom})
         engine, steps = None, {}
-        runs = [(name, None) for name in args.engines]
-        if args.openmm_spin and "openmm" in args.engines and _openmm_platform(args) == "CUDA":
-            runs.append(("openmm", {"UseBlockingSync": "false"}))
-        for name, extra in runs:
+        runs = []
+        for name in args.engines:
+            for platform in platforms if name == "openmm" else [None]:
+                runs.append((name, platform, None))
+                if args.openmm_spin and name == "openmm" and (platform or _openmm_platform(args)) == "CUDA":
+                    runs.append((name, platform, {"UseBlockingSync": "false"}))
+        for name, platform, extra in runs:
             if name == "ase":
-                step, engine, parts = ase_md(model, atoms, args, mode)
+                step, engine, parts = ase_md(model, atoms, run_args, mode)
                 label = "ASE MD step:"
             else:
-                step, engine, parts = openmm_md(model, atoms, args, mode, extra)
-                label = "OpenMM MD step" + (" (UseBlockingSync=false):" if extra else ":")
+                platform_args = argparse.Namespace(**{**vars(run_args), "openmm_platform": platform})
+                step, engine, parts = openmm_md(model, atoms, platform_args, mode, extra)
+                label = f"OpenMM MD step ({_openmm_platform(platform_args)}" + (", UseBlockingSync=false):" if extra else "):")
             steps[label] = step
             print(
-                f"[step={mode} -> {engine.step}] {label:<40} {step:.6f} s/step = {1 / step:.0f} steps/s, {step / prof:.3f} x profiler "
+                f"[step={mode} -> {engine.step}, headroom {headroom}] {label:<40} {step:.6f} s/step = {1 / step:.0f} steps/s, {step / prof:.3f} x profiler "
                 f"({args.steps} steps, {engine.neighbor_list_builds} neighbour lists, {engine.early_rebuilds} of them early, "
                 f"{engine.stale_evaluations} stale evaluations, {engine.capacity_overflows} capacity overflows, "
                 f"{engine.graph_captures} graph captures; the model saw {engine.model_edges} of {engine.n_edges} listed edges)"
@@ -400,7 +415,7 @@ def main() -> None:
         if engine is None:
             continue
         print(f"where a step goes (s per call), step={engine.step}:")
-        parts = breakdown(engine, atoms, args)
+        parts = breakdown(engine, atoms, run_args)
         for what, t in parts.items():
             print(f"  {what:<50} {t:.6f}")
         evaluate = parts["evaluate (reused list)"]
@@ -413,10 +428,13 @@ def main() -> None:
         for label, step in steps.items():
             print(f"  {label[:-1] + ' - evaluate':<50} {step - evaluate:.6f}")
     if "openmm" in args.engines:
-        print(f"  {'OpenMM PythonForce round trip (zero forces)':<50} {openmm_round_trip(atoms, args):.6f}")
-        if args.openmm_spin and _openmm_platform(args) == "CUDA":
-            spin = openmm_round_trip(atoms, args, {"UseBlockingSync": "false"})
-            print(f"  {'  the same with UseBlockingSync=false':<50} {spin:.6f}")
+        for platform in platforms:
+            platform_args = argparse.Namespace(**{**vars(args), "openmm_platform": platform})
+            name = _openmm_platform(platform_args)
+            print(f"  {f'OpenMM PythonForce round trip (zero forces, {name})':<50} {openmm_round_trip(atoms, platform_args):.6f}")
+            if args.openmm_spin and name == "CUDA":
+                spin = openmm_round_trip(atoms, platform_args, {"UseBlockingSync": "false"})
+                print(f"  {'  the same with UseBlockingSync=false':<50} {spin:.6f}")
     print(f"Python threads at the end: {[t.name for t in threading.enumerate()]}")
     print("adapters' host work per MD step with an evaluator returning cached results (s):")
     for what, t in adapter_overhead(atoms, args).items():
