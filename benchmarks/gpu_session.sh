@@ -22,6 +22,8 @@
 #   last     one GPU: MD with the rebuild captured with the step; the Triton .pt2 test with CXX=/usr/bin/g++
 #   prebound one GPU: pre-bound Triton launches (GPU test, eager profiler without/with), OpenMM Reference platform MD
 #   pt2      one GPU: the Triton-kernel .pt2 GPU test, then the export benchmark on water
+#   step     one GPU, alone: MD with the static step's own work and the device rebuilds compiled
+#            (compile_step on/off; OpenMM on its Reference and CUDA platforms), water and diamond
 #   omm      one GPU, alone: MD on water with OpenMM on its CUDA and Reference platforms and two
 #            headrooms; then the pre-bound launches (GPU test, eager profiler without/with)
 #   devlist  one GPU: device rebuilds of the graph step's list (tests, MD); the Triton .pt2 built with the system g++
@@ -248,11 +250,20 @@ omm)
   (FLASHCART_PREBOUND_LAUNCH=0 profile_run S eager inference 60; FLASHCART_PREBOUND_LAUNCH=1 profile_run S eager inference 60) \
     > "$out/prebound.log" 2>&1
   ;;
+step)
+  # one GPU, 2026-12-01 night, after omm: the pre-bound launch test again (it now says why no
+  # launch was pre-bound), then MD alone on the card
+  gpu_tests 0 "tests/cartesian/test_launcher.py:60" > "$out/tests_launcher.log" 2>&1
+  md_graph water 260 "compile_step on and off; OpenMM Reference and CUDA" --openmm-platform Reference CUDA --compile-step on off \
+    > "$out/md_water.log" 2>&1
+  md_graph diamond 200 "compile_step on; OpenMM Reference and CUDA" --openmm-platform Reference CUDA --compile-step on \
+    > "$out/md_diamond.log" 2>&1
+  ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

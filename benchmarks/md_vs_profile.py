@@ -76,7 +76,10 @@ def _per_call(fn, n: int, device: str, warmup: int = 3) -> float:
 
 
 def make_engine(model, args, step: str) -> Engine:
-    return Engine(model, device=args.device, compile_mode=args.compile_mode, skin=args.skin, step=step, headroom=args.headroom)
+    engine = Engine(model, device=args.device, compile_mode=args.compile_mode, skin=args.skin, step=step, headroom=args.headroom)
+    if getattr(args, "compile_step", None) is not None:
+        engine.compile_step = args.compile_step == "on"
+    return engine
 
 
 class TimedEvaluator:
@@ -313,6 +316,9 @@ def breakdown(engine: Engine, atoms: Atoms, args) -> dict[str, float]:
         if engine.step == "graph":
             captured = engine._captured[False]
             out["captured step (copy in, replay, copy out, sync)"] = _per_call(lambda: captured(pos), args.repeat, args.device)
+            rebuild = engine._captured_rebuilds.get(False)
+            if rebuild is not None:  # rebuilding at the list's own positions: the same list again
+                out["captured step after a device rebuild"] = _per_call(lambda: captured(pos, rebuild=rebuild), args.repeat, args.device)
     dev_pos = torch.as_tensor(pos, dtype=engine.dtype, device=engine.device)
     cell_t = torch.as_tensor(atoms.cell.array, dtype=engine.dtype, device=engine.device)
     pbc_t = torch.as_tensor(atoms.pbc)
@@ -339,6 +345,13 @@ def main() -> None:
     parser.add_argument("--skin", type=float, default=0.5)
     parser.add_argument(
         "--headroom", type=float, nargs="+", default=[0.1], help="engine capacity headrooms (static step: spare edge slots), each in turn"
+    )
+    parser.add_argument(
+        "--compile-step",
+        nargs="+",
+        default=[None],
+        choices=["on", "off"],
+        help="the engine's compile_step (the static step's own work and device rebuilds compiled), each in turn; default: the engine's",
     )
     parser.add_argument("--r-max", type=float, default=5.0)
     parser.add_argument("--model", nargs="*", default=[], help="KEY=VALUE model options")
@@ -380,9 +393,9 @@ def main() -> None:
     print(f"structure={args.structure} atoms={len(atoms)} device={args.device} compile={args.compile_mode or 'eager'} skin={args.skin}")
     print(f"profiler inference: {prof:.6f} s/run")
     platforms = args.openmm_platform or [None]
-    runs_of = [(mode, headroom) for headroom in args.headroom for mode in args.step_mode]
-    for mode, headroom in runs_of:
-        run_args = argparse.Namespace(**{**vars(args), "headroom": headroom})
+    runs_of = [(mode, headroom, c) for headroom in args.headroom for c in args.compile_step for mode in args.step_mode]
+    for mode, headroom, compile_step in runs_of:
+        run_args = argparse.Namespace(**{**vars(args), "headroom": headroom, "compile_step": compile_step})
         engine, steps = None, {}
         runs = []
         for name in args.engines:
@@ -400,7 +413,8 @@ def main() -> None:
                 label = f"OpenMM MD step ({_openmm_platform(platform_args)}" + (", UseBlockingSync=false):" if extra else "):")
             steps[label] = step
             print(
-                f"[step={mode} -> {engine.step}, headroom {headroom}] {label:<40} {step:.6f} s/step = {1 / step:.0f} steps/s, {step / prof:.3f} x profiler "
+                f"[step={mode} -> {engine.step}, headroom {headroom}, compile_step {engine.compile_step}] {label:<40} "
+                f"{step:.6f} s/step = {1 / step:.0f} steps/s, {step / prof:.3f} x profiler "
                 f"({args.steps} steps, {engine.neighbor_list_builds} neighbour lists, {engine.early_rebuilds} of them early, "
                 f"{engine.stale_evaluations} stale evaluations, {engine.capacity_overflows} capacity overflows, "
                 f"{engine.graph_captures} graph captures; the model saw {engine.model_edges} of {engine.n_edges} listed edges)"

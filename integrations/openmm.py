@@ -13,6 +13,13 @@ conversions are :mod:`flashcart.units`'. Per step the callback costs one host-to
 of the positions (through a pinned buffer), the model call, and one device-to-host copy of
 energy and forces together (the step's only synchronisation).
 
+Which OpenMM platform: the model runs on its own ``device`` whatever platform integrates. When
+FlashCart's force is the system's only force, OpenMM's Reference platform is the cheapest
+(``flashcart-md``'s default): it integrates on the host in about 0.04 ms a step, the round trip
+costs about 1 us. OpenMM's CUDA platform creates a CUDA context of its own, which alternates
+with PyTorch's on the GPU every step: 0.37 ms between two callbacks on an H200 (768-atom water,
+benchmarks/RESULTS.md), worth paying where other forces (an MM environment, PME) need it.
+
 With ``atoms`` (a subset of the system's particles), the force is restricted to them through
 ``PythonForce.setParticles``: the model sees only those atoms, and the forces on all other
 particles are zero.

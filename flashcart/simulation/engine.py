@@ -254,6 +254,10 @@ class Engine:
         # static and graph steps: rebuild stale lists on the device (a static cell list, captured
         # with the graph step) where the structure allows it; host builds still size the buffers
         self.device_rebuild = self.device.type == "cuda"
+        # static and graph steps on CUDA with a compile mode: the step's own work around the model
+        # (compaction, device rebuilds) compiled into a few fused kernels instead of about a
+        # hundred small ones
+        self.compile_step = self.device.type == "cuda" and compile_mode is not None
         self._static_predictor: Predictor | None = None
         self._pinned_in: torch.Tensor | None = None  # host staging buffers (CUDA only)
         self._pinned_out: torch.Tensor | None = None
@@ -468,8 +472,14 @@ class Engine:
                     self.capacity_overflows += 1  # the host build below grows the capacities
         self._build_static(positions, numbers, cell, pbc)
         host = self._run_static(positions, stress)
-        if _count(host, 2) > self._static.capacities.edges:  # the build sized it from this count
-            raise RuntimeError(f"{int(host[2])} pairs within r_max right after a build with {self._static.capacities.edges} edge slots")
+        if _count(host, 2) > self._static.capacities.edges:
+            # the build counted the pairs within r_max eagerly, the step (compiled, with fused
+            # multiply-adds) can count a pair at the cutoff differently: size from the step's count
+            self.capacity_overflows += 1
+            self._build_static(positions, numbers, cell, pbc, min_edges=_count(host, 2))
+            host = self._run_static(positions, stress)
+            if _count(host, 2) > self._static.capacities.edges:
+                raise RuntimeError(f"{int(host[2])} pairs within r_max right after a build with {self._static.capacities.edges} edge slots")
         self._moved = (0.0, 0.0)
         return self._static_result(host, stress)
 
@@ -503,9 +513,10 @@ class Engine:
             self._static_predictor = p
         return self._static_predictor.call_static
 
-    def _build_static(self, positions, numbers: np.ndarray, cell: np.ndarray, pbc: np.ndarray) -> None:
+    def _build_static(self, positions, numbers: np.ndarray, cell: np.ndarray, pbc: np.ndarray, min_edges: int = 0) -> None:
         """A new ``r_max + skin`` list at ``positions`` into the static buffers (new buffers, and
-        a new CUDA graph, only when a capacity grows or the number of atoms or pbc change)."""
+        a new CUDA graph, only when a capacity grows or the number of atoms or pbc change); the
+        edge capacity fits at least ``min_edges`` pairs within ``r_max``."""
         types = self.check_numbers(numbers)
         if pbc.any() and abs(float(np.linalg.det(cell))) < 1e-9:
             raise ValueError(f"periodic structure with a singular cell {cell.tolist()}")
@@ -515,12 +526,15 @@ class Engine:
         receivers, senders, shifts = neighbor_list(pos, self.r_max + self.skin, cell_t, torch.tensor(pbc))
         shifts = shifts.to(self.dtype)
         within = int(pairs_within(pos, cell_t, receivers, senders, shifts, self.r_max).sum())  # a build synchronises anyway
+        within = max(within, int(min_edges))
         step = self._static
         fits = step is not None and step.matches(n, pbc)
         current = step.capacities if fits else StepCapacities(0, 0, 0)
         capacities = current.grown(n, receivers.shape[0], within, self.headroom, *self._multiples)
         if not fits or capacities != current:
-            step = self._static = StaticStep(self._static_model_call(), n, pbc, self.r_max, capacities, self.dtype, dev)
+            step = self._static = StaticStep(
+                self._static_model_call(), n, pbc, self.r_max, capacities, self.dtype, dev, compiled=self.compile_step
+            )
             self._captured = {}
         periodic = bool(pbc.any())
         inv = torch.linalg.inv(torch.tensor(cell, dtype=torch.float64)).to(dev, self.dtype) if periodic else torch.zeros_like(cell_t)
@@ -541,7 +555,7 @@ class Engine:
         plan = plan_cell_list(pos.detach().cpu().double().numpy(), cell, pbc, cutoff, SLOT_HEADROOM)
         if plan.candidates(step.n) > MAX_CANDIDATES:
             return None
-        return StaticCellList(plan, step.n, cutoff, step.capacities.pairs, self.dtype, self.device)
+        return StaticCellList(plan, step.n, cutoff, step.capacities.pairs, self.dtype, self.device, compiled=self.compile_step)
 
     def _run_static(self, positions, stress: bool, rebuild: bool = False) -> np.ndarray | None:
         """The packed results of one static step at ``positions`` (host, a view valid until the

@@ -156,6 +156,8 @@ class StaticCellList:
         block_candidates: candidates held at once (receivers are searched in blocks of
             ``block_candidates // (K * slots)`` atoms, at least one, so memory stays bounded
             for large structures; a block is about 40 bytes a candidate).
+        compiled: run the search as one compiled (``torch.compile``) function (a few fused kernels
+            instead of about sixty small ones; the engine asks for it on CUDA with a compile mode).
     """
 
     def __init__(
@@ -167,6 +169,7 @@ class StaticCellList:
         dtype: torch.dtype,
         device: torch.device,
         block_candidates: int = BLOCK_CANDIDATES,
+        compiled: bool = False,
     ):
         if n_atoms < 1:
             raise ValueError("a neighbour list needs at least one atom")
@@ -199,6 +202,8 @@ class StaticCellList:
         self.atoms = torch.arange(n_atoms, **i)
         self.pair_slots = torch.arange(self.capacity, **i)
         self.far = torch.full((1, 3), _FAR, **f)
+        self.compiled = bool(compiled)
+        self._search = torch.compile(self._find, fullgraph=True, dynamic=False) if compiled else self._find
 
     @property
     def candidates(self) -> int:
@@ -209,6 +214,10 @@ class StaticCellList:
         ``shifts [capacity, 3]`` (lattice vectors, positions' dtype), ``valid [capacity]``
         (bool; the slots past the count are ``(0, 0, 0)`` and invalid) and ``status [2]``
         (int64: pairs found, atoms in the fullest bin). Static shapes, no synchronisation."""
+        return self._search(positions)
+
+    def _find(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`__call__`, eager (compiled when ``compiled``)."""
         plan, n, k, m = self.plan, self.n, self.k, self.m
         frac = _rows_times(positions - self.origin, self.inverse)  # [N, 3]
         if plan.periodic:

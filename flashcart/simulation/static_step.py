@@ -46,7 +46,18 @@ from typing import Callable
 import numpy as np
 import torch
 
-__all__ = ["StepCapacities", "StaticStep", "CapturedStep", "CapturedRebuild", "pairs_within", "padding_atoms", "PACKED_HEADER"]
+__all__ = [
+    "StepCapacities",
+    "StaticStep",
+    "CapturedStep",
+    "CapturedRebuild",
+    "pairs_within",
+    "padding_atoms",
+    "prepare_step",
+    "unwrap",
+    "compact",
+    "PACKED_HEADER",
+]
 
 PACKED_HEADER = 5  # energy, moved^2, pairs within r_max, pairs listed, fullest bin; then forces (3N) and stress (9)
 
@@ -110,6 +121,82 @@ def pairs_within(positions, cell, receivers, senders, shifts, r_max: float) -> t
     return v[:, 0] * v[:, 0] + v[:, 1] * v[:, 1] + v[:, 2] * v[:, 2] < r_max * r_max
 
 
+def unwrap(positions, reference, cell, inv_cell, periodic_mask, periodic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``positions [N, 3]`` mapped next to ``reference`` by whole lattice vectors (rows of
+    ``cell``; ``periodic_mask [3]`` selects the periodic ones), and the largest squared
+    displacement from ``reference`` (Å^2, 0-d)."""
+    pos = positions
+    if periodic:
+        wraps = torch.round((pos - reference) @ inv_cell) * periodic_mask
+        pos = pos - wraps @ cell
+    d = pos - reference
+    return pos, (d * d).sum(dim=1).amax()
+
+
+def compact(pos, cell, pair_receivers, pair_senders, pair_shifts, pair_valid, slots, r_max: float, n: int, n_padding: int) -> tuple:
+    """The valid pairs of a list closer than ``r_max`` at ``pos``, in list order, then padding
+    edges spread over the ``n_padding`` padding atoms ``n, n + 1, ...``: ``receivers, senders
+    [E]``, ``shifts [E, 3]``, ``edge_batch [E]`` and the number of such pairs (0-d), where
+    ``E + 1`` is the length of ``slots`` (``arange``; the extra slot takes the pairs beyond
+    ``E``)."""
+    c, pa = slots.shape[0] - 1, n_padding
+    within = pairs_within(pos, cell, pair_receivers, pair_senders, pair_shifts, r_max) & pair_valid
+    rank = torch.cumsum(within, 0) - 1
+    count = within.sum()
+    target = torch.where(within & (rank < c), rank, c)  # slot c: discarded
+    # the padding slots count..c-1 spread evenly (and in order: receivers stay sorted) over
+    # the padding atoms, this step's count deciding where they start
+    free = slots - count
+    pad_receivers = n + torch.clamp(free.clamp_min(0) * pa // (c - count).clamp_min(1), max=pa - 1)
+    pad_senders = n + (pad_receivers - n + 1) % pa
+    receivers = pad_receivers.scatter(0, target, pair_receivers)[:c]
+    senders = pad_senders.scatter(0, target, pair_senders)[:c]
+    shifts = torch.zeros(c + 1, 3, dtype=pos.dtype, device=pos.device).scatter(0, target[:, None].expand(-1, 3), pair_shifts)[:c]
+    edge_batch = (free[:c] >= 0).long()  # padding edges in the padding graph
+    return receivers, senders, shifts, edge_batch, count
+
+
+def prepare_step(
+    positions,
+    reference,
+    cell,
+    inv_cell,
+    periodic_mask,
+    pair_receivers,
+    pair_senders,
+    pair_shifts,
+    pair_valid,
+    slots,
+    padded_positions,
+    *,
+    periodic: bool,
+    r_max: float,
+    n: int,
+    n_padding: int,
+) -> tuple:
+    """A static step's work before the model: :func:`unwrap`, :func:`compact`, and the padded
+    positions (``padded_positions`` with its first ``n`` rows replaced by the unwrapped ones, a
+    new tensor). Returns ``padded [A, 3], moved2, receivers, senders, shifts, edge_batch, count``."""
+    pos, moved2 = unwrap(positions, reference, cell, inv_cell, periodic_mask, periodic)
+    receivers, senders, shifts, edge_batch, count = compact(
+        pos, cell, pair_receivers, pair_senders, pair_shifts, pair_valid, slots, r_max, n, n_padding
+    )
+    padded = torch.cat([pos, padded_positions[n:]])
+    return padded, moved2, receivers, senders, shifts, edge_batch, count
+
+
+_COMPILED_PREPARE = None
+
+
+def _compiled_prepare():
+    """:func:`prepare_step` through ``torch.compile`` (one compiled function for every step:
+    recompiled per shape, not per step object)."""
+    global _COMPILED_PREPARE
+    if _COMPILED_PREPARE is None:
+        _COMPILED_PREPARE = torch.compile(prepare_step, fullgraph=True, dynamic=False)
+    return _COMPILED_PREPARE
+
+
 class StaticStep:
     """Static buffers for one structure and the step that runs on them (see the module docs).
 
@@ -122,6 +209,10 @@ class StaticStep:
         r_max: model cutoff (Å).
         capacities: static sizes.
         dtype, device: of the positions and the model.
+        compiled: run the step's own work around the model (unwrapping, displacement, compaction,
+            padded positions; about forty small operations) as one compiled (``torch.compile``) function,
+            a few fused kernels instead of one per operation (the engine asks for it on CUDA with
+            a compile mode). The model call is the caller's either way.
     """
 
     def __init__(
@@ -133,6 +224,7 @@ class StaticStep:
         capacities: StepCapacities,
         dtype: torch.dtype,
         device: torch.device,
+        compiled: bool = False,
     ):
         if not capacities.fits(n_atoms, 0, 0):
             raise ValueError(f"atom capacity {capacities.atoms} is too small for {n_atoms} atoms and two padding atoms")
@@ -164,6 +256,8 @@ class StaticStep:
         self.batch = torch.cat([torch.zeros(n, **i), torch.ones(pa, **i)])
         self.model_cell = torch.zeros(2, 3, 3, **f)
         self.slots = torch.arange(c + 1, **i)  # one extra slot takes the pairs that are not copied
+        self.compiled = bool(compiled)
+        self._prepare = _compiled_prepare() if compiled else prepare_step
 
     def matches(self, n_atoms: int, pbc: np.ndarray) -> bool:
         return n_atoms == self.n and np.array_equal(np.asarray(pbc, dtype=bool), self.pbc)
@@ -219,33 +313,25 @@ class StaticStep:
         """:attr:`positions` mapped next to the reference by whole lattice vectors (exact for
         atoms that were not wrapped), and the largest squared displacement from the reference
         (Å^2, 0-d)."""
-        pos = self.positions
-        if self.periodic:
-            wraps = torch.round((pos - self.reference) @ self.inv_cell) * self.periodic_mask
-            pos = pos - wraps @ self.cell
-        d = pos - self.reference
-        return pos, (d * d).sum(dim=1).amax()
+        return unwrap(self.positions, self.reference, self.cell, self.inv_cell, self.periodic_mask, self.periodic)
 
     def compact(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The list's pairs closer than ``r_max`` at ``pos`` (unwrapped), in list order (so still
         grouped by receiver), then padding edges: ``receivers, senders [E]``, ``shifts [E, 3]``,
         ``edge_batch [E]`` (``E = capacities.edges``) and the number of such pairs (0-d; more than
         ``E`` means the ones beyond were dropped)."""
-        c, n, pa = self.capacities.edges, self.n, self.n_padding
-        within = pairs_within(pos, self.cell, self.pair_receivers, self.pair_senders, self.pair_shifts, self.r_max) & self.pair_valid
-        rank = torch.cumsum(within, 0) - 1
-        count = within.sum()
-        target = torch.where(within & (rank < c), rank, c)  # slot c: discarded
-        # the padding slots count..c-1 spread evenly (and in order: receivers stay sorted) over
-        # the padding atoms, this step's count deciding where they start
-        free = self.slots - count
-        pad_receivers = n + torch.clamp(free.clamp_min(0) * pa // (c - count).clamp_min(1), max=pa - 1)
-        pad_senders = n + (pad_receivers - n + 1) % pa
-        receivers = pad_receivers.scatter(0, target, self.pair_receivers)[:c]
-        senders = pad_senders.scatter(0, target, self.pair_senders)[:c]
-        shifts = torch.zeros(c + 1, 3, dtype=self.dtype, device=self.device).scatter(0, target[:, None].expand(-1, 3), self.pair_shifts)[:c]
-        edge_batch = (free[:c] >= 0).long()  # padding edges in the padding graph
-        return receivers, senders, shifts, edge_batch, count
+        return compact(
+            pos,
+            self.cell,
+            self.pair_receivers,
+            self.pair_senders,
+            self.pair_shifts,
+            self.pair_valid,
+            self.slots,
+            self.r_max,
+            self.n,
+            self.n_padding,
+        )
 
     def model_inputs(self, pos: torch.Tensor, stress: bool) -> tuple:
         """The arguments of ``model_call`` for unwrapped positions ``pos``, and the pair count."""
@@ -261,8 +347,26 @@ class StaticStep:
         ``[energy, moved^2, pairs within r_max, pairs listed, fullest bin, forces (3N),
         stress (9, if asked)]`` (device).
         Static shapes, no host synchronisation, no tensors from host data."""
-        pos, moved2 = self.unwrapped()
-        inputs, count = self.model_inputs(pos, stress)
+        padded, moved2, receivers, senders, shifts, edge_batch, count = self._prepare(
+            self.positions,
+            self.reference,
+            self.cell,
+            self.inv_cell,
+            self.periodic_mask,
+            self.pair_receivers,
+            self.pair_senders,
+            self.pair_shifts,
+            self.pair_valid,
+            self.slots,
+            self.padded_positions,
+            periodic=self.periodic,
+            r_max=self.r_max,
+            n=self.n,
+            n_padding=self.n_padding,
+        )
+        x = padded.detach().requires_grad_(True)
+        strain = torch.zeros(2, 3, 3, dtype=self.dtype, device=self.device, requires_grad=True) if stress else None
+        inputs = (x, strain, self.types, self.model_cell, shifts, receivers, senders, self.batch, edge_batch, 2)
         energy, forces, s = self.model_call(*inputs)
         parts = [energy[:1].detach(), moved2.reshape(1), count.to(self.dtype).reshape(1), self.list_status]
         parts.append(forces[: self.n].detach().reshape(-1))

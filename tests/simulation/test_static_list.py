@@ -11,6 +11,7 @@ from ase.md.verlet import VelocityVerlet
 
 from flashcart.integrations.ase import FlashCartCalculator
 from flashcart.simulation import Engine
+from flashcart.simulation import static_step as step_module
 from flashcart.simulation.static_list import StaticCellList, plan_cell_list, supports
 from flashcart.testing import reference_evaluation
 
@@ -107,6 +108,33 @@ def test_device_rebuilds_equal_host_builds_along_md(model, tilt):
         assert np.abs(r.forces - atoms.get_forces()).max() < 1e-10
     assert device.device_rebuilds >= 2 and device.neighbor_list_builds == device.device_rebuilds + 1
     assert host.device_rebuilds == 0 and device.capacity_overflows == 0
+
+
+def test_compiled_step_work_and_device_rebuilds_equal_eager_along_md(model):
+    """The step's own work and the device rebuilds compiled by inductor (``compile_step``, on by
+    default on CUDA with a compile mode; here on the CPU) evaluate every frame as the eager ones:
+    the same pair counts, lists and results."""
+    atoms = water_box(n_side=2, tilt=True)
+    atoms.calc = FlashCartCalculator(Engine(model, device="cpu", dtype="float64", skin=0.3, step="dynamic"))
+    engines = {}
+    for compiled in (False, True):
+        engine = engines[compiled] = Engine(model, device="cpu", dtype="float64", skin=0.3, step="static")
+        engine.device_rebuild, engine.compile_step = True, compiled
+    MaxwellBoltzmannDistribution(atoms, temperature_K=3000, rng=np.random.default_rng(0))
+    dyn = VelocityVerlet(atoms, timestep=1.0 * ase_units.fs)
+    for _ in range(20):
+        dyn.run(1)
+        atoms.wrap()
+        args = (atoms.positions, atoms.numbers, atoms.cell.array, atoms.pbc)
+        eager, compiled = engines[False].evaluate(*args), engines[True].evaluate(*args)
+        assert abs(compiled.energy - eager.energy) < 1e-10 and np.abs(compiled.forces - eager.forces).max() < 1e-10
+        assert engines[True].model_edges == engines[False].model_edges
+        for engine in engines.values():
+            assert abs(engine.evaluate(*args).energy - atoms.get_potential_energy()) < 1e-10
+    step = engines[True]._static
+    assert step.compiled and step._prepare is not step_module.prepare_step and engines[True]._cell_list.compiled
+    assert engines[True].device_rebuilds == engines[False].device_rebuilds >= 2
+    assert engines[True].capacity_overflows == engines[False].capacity_overflows == 0
 
 
 def test_a_device_rebuild_that_overflows_falls_back_to_a_host_build(model):

@@ -23,6 +23,7 @@ while a launch hook is installed (profilers such as proton read the metadata thi
 from __future__ import annotations
 
 import os
+from collections import Counter
 from typing import Any, Callable
 
 import torch
@@ -40,11 +41,13 @@ def _enabled() -> bool:
 ENABLED = _enabled()
 
 _launchers: dict[tuple, tuple[Callable, Any, Any, Any]] = {}
+plain_launches: Counter = Counter()  # while enabled: launches that were not pre-bound, by reason
 
 
 def clear() -> None:
-    """Forget every pre-bound launcher (kernels recompiled, tests)."""
+    """Forget every pre-bound launcher (kernels recompiled, tests) and the plain-launch counts."""
     _launchers.clear()
+    plain_launches.clear()
 
 
 def _spec(value: Any) -> Any:
@@ -67,17 +70,27 @@ def _constexpr_names(kernel: Any) -> frozenset[str]:
     return frozenset(p.name for p in kernel.params if p.is_constexpr)
 
 
-def _compiled_kernels_launch(kernel: Any) -> bool:
-    """Whether ``kernel`` is a compiled ``@triton.jit`` function (not the interpreter's, not an
-    autotuner) and no launch hook is installed."""
+def _plain_reason(kernel: Any) -> str | None:
+    """Why ``kernel`` must be launched the plain way (``None``: it can be pre-bound): not a
+    compiled ``@triton.jit`` function (the interpreter's, an autotuner), or a launch hook is
+    installed."""
     try:
         from triton import knobs
         from triton.runtime.jit import JITFunction
     except ImportError:  # no triton, or one without knobs: the plain launch
-        return False
-    if not isinstance(kernel, JITFunction) or knobs.runtime.interpret:
-        return False
-    return knobs.runtime.launch_enter_hook is None and knobs.runtime.launch_exit_hook is None
+        return "no triton.knobs"
+    if not isinstance(kernel, JITFunction):
+        return f"not a JITFunction ({type(kernel).__name__})"
+    if knobs.runtime.interpret:
+        return "interpreter"
+    if knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None:
+        return "launch hook installed"
+    return None
+
+
+def _compiled_kernels_launch(kernel: Any) -> bool:
+    """Whether ``kernel`` can be pre-bound (see :func:`_plain_reason`)."""
+    return _plain_reason(kernel) is None
 
 
 def _cuda_index(values: dict[str, Any]) -> int | None:
@@ -96,14 +109,16 @@ def launch(kernel: Any, grid: tuple, values: dict[str, Any], options: dict[str, 
     """``kernel[grid](**values, **options)``, pre-bound after the first launch of each
     specialisation when :data:`ENABLED` (see the module docs). ``values`` names every parameter
     of the kernel; ``grid`` is a tuple of one to three ints."""
-    if not ENABLED or not _compiled_kernels_launch(kernel):
+    if not ENABLED:
+        kernel[grid](**values, **options)
+        return
+    reason = _plain_reason(kernel)
+    device = _cuda_index(values) if reason is None else None
+    if device is None:
+        plain_launches[reason or "no CUDA tensor argument"] += 1
         kernel[grid](**values, **options)
         return
     names = kernel.arg_names
-    device = _cuda_index(values)
-    if device is None:
-        kernel[grid](**values, **options)
-        return
     key = (id(kernel), device, tuple(sorted(options.items())), specialisation(names, values, _constexpr_names(kernel)))
     entry = _launchers.get(key)
     if entry is None:

@@ -69,6 +69,8 @@ def launch_kernel(kernel: Any, probe: Any, grid: tuple, values: dict[str, Any], 
     if wrapped is kernel:
         launcher.launch(kernel, grid, values, options)
     else:
+        if launcher.ENABLED:
+            launcher.plain_launches[f"traced ({type(probe).__name__})"] += 1
         wrapped[grid](**values, **options)
 
 
