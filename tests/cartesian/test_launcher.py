@@ -142,3 +142,17 @@ def test_the_environment_variable_is_0_or_1(monkeypatch, raw, enabled):
     monkeypatch.setenv("FLASHCART_PREBOUND_LAUNCH", "yes")
     with pytest.raises(ValueError, match="FLASHCART_PREBOUND_LAUNCH must be 0 or 1, got 'yes'"):
         launcher._enabled()
+
+
+def test_an_empty_hook_chain_is_no_hook():
+    """triton 3.6+ keeps an empty ``HookChain`` in ``knobs.runtime.launch_enter_hook`` when no
+    hook is set (on the H200 every launch was refused as hooked before this was checked)."""
+
+    class Chain:
+        def __init__(self, calls):
+            self.calls = calls
+
+    assert not launcher._hook_installed(None) and not launcher._hook_installed(Chain([]))
+    assert launcher._hook_installed(Chain([print])) and launcher._hook_installed(print)
+    knobs = pytest.importorskip("triton.knobs")
+    assert not launcher._hook_installed(knobs.runtime.launch_enter_hook)  # nothing installed here

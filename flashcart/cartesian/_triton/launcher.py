@@ -48,6 +48,7 @@ def clear() -> None:
     """Forget every pre-bound launcher (kernels recompiled, tests) and the plain-launch counts."""
     _launchers.clear()
     plain_launches.clear()
+    _kernel_reasons.clear()
 
 
 def _spec(value: Any) -> Any:
@@ -70,10 +71,19 @@ def _constexpr_names(kernel: Any) -> frozenset[str]:
     return frozenset(p.name for p in kernel.params if p.is_constexpr)
 
 
-def _plain_reason(kernel: Any) -> str | None:
-    """Why ``kernel`` must be launched the plain way (``None``: it can be pre-bound): not a
-    compiled ``@triton.jit`` function (the interpreter's, an autotuner), or a launch hook is
-    installed."""
+_kernel_reasons: dict[int, tuple[Any, str | None]] = {}  # id(kernel) -> (kernel, why it cannot be pre-bound)
+
+
+def _hook_installed(hook: Any) -> bool:
+    """Whether a Triton launch hook is set: triton 3.6+ keeps an (empty) ``HookChain`` there
+    when none is, older ones ``None``."""
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return bool(calls) if isinstance(calls, list) else True
+
+
+def _kernel_reason(kernel: Any) -> str | None:
     try:
         from triton import knobs
         from triton.runtime.jit import JITFunction
@@ -83,7 +93,21 @@ def _plain_reason(kernel: Any) -> str | None:
         return f"not a JITFunction ({type(kernel).__name__})"
     if knobs.runtime.interpret:
         return "interpreter"
-    if knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None:
+    return None
+
+
+def _plain_reason(kernel: Any) -> str | None:
+    """Why ``kernel`` must be launched the plain way (``None``: it can be pre-bound): not a
+    compiled ``@triton.jit`` function (the interpreter's, an autotuner; decided once per
+    kernel), or a launch hook is installed (checked every launch)."""
+    entry = _kernel_reasons.get(id(kernel))
+    if entry is None or entry[0] is not kernel:
+        entry = _kernel_reasons[id(kernel)] = (kernel, _kernel_reason(kernel))
+    if entry[1] is not None:
+        return entry[1]
+    from triton import knobs
+
+    if _hook_installed(knobs.runtime.launch_enter_hook) or _hook_installed(knobs.runtime.launch_exit_hook):
         return "launch hook installed"
     return None
 
