@@ -24,6 +24,8 @@
 #   pt2      one GPU: the Triton-kernel .pt2 GPU test, then the export benchmark on water
 #   step     one GPU, alone: MD with the static step's own work and the device rebuilds compiled
 #            (compile_step on/off; OpenMM on its Reference and CUDA platforms), water and diamond
+#   verify2  one GPU: GPU tests after compile_step and the launcher fix (simulation, the graph-step
+#            integrations, pre-bound launches), then the eager profiler without/with pre-bound launches
 #   omm      one GPU, alone: MD on water with OpenMM on its CUDA and Reference platforms and two
 #            headrooms; then the pre-bound launches (GPU test, eager profiler without/with)
 #   devlist  one GPU: device rebuilds of the graph step's list (tests, MD); the Triton .pt2 built with the system g++
@@ -259,11 +261,18 @@ step)
   md_graph diamond 200 "compile_step on; OpenMM Reference and CUDA" --openmm-platform Reference CUDA --compile-step on \
     > "$out/md_diamond.log" 2>&1
   ;;
+verify2)
+  I=tests/integrations/test_gpu.py
+  gpu_tests 0 "tests/cartesian/test_launcher.py tests/simulation $I::test_graph_step_equals_the_eager_engine_along_md_with_rebuilds $I::test_graph_is_captured_again_only_when_a_capacity_grows $I::test_battery_through_the_static_and_captured_steps $I::test_reduce_overhead_engine_reuses_detects_stale_lists_and_matches_eager:250" \
+    > "$out/tests.log" 2>&1
+  (FLASHCART_PREBOUND_LAUNCH=0 profile_run S eager inference 60; FLASHCART_PREBOUND_LAUNCH=1 profile_run S eager inference 60) \
+    > "$out/prebound.log" 2>&1
+  ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2 or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done
