@@ -161,11 +161,19 @@ def bench(name: str, args) -> list[dict]:
 
             if fmt == "torchscript" and args.openmm_platform:
                 emit(rows, torchforce_row(path, atoms, eager(batch), tag, args))
+            agreement, kernels = "", (", Triton kernels" if args.triton and fmt == "aoti" else "")
+            if fmt == "aoti":  # the package against the Predictor, as in the tests
+                ref = eager(batch)
+                energy, forces = pot._runner(pos, numbers, cell, pbc)
+                de = abs(float(energy) - float(ref["energy"][0]))
+                scale = max(1.0, float(ref["forces"].abs().max()))
+                df = float((forces.double() - ref["forces"].double()).abs().max()) / scale
+                agreement = f", |dE| {de:.1e} eV, max rel dF {df:.1e} against the Predictor"
             emit(
                 rows,
                 {
                     "structure": tag,
-                    "what": f"{fmt} ({suffix}, neighbour list inside)",
+                    "what": f"{fmt} ({suffix}, neighbour list inside{kernels}{agreement})",
                     "s_per_call": per_call(call, device, args.repeat),
                     "export_s": export_s,
                     "size_MB": path.stat().st_size / 1e6,

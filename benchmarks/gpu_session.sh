@@ -26,6 +26,8 @@
 #            (compile_step on/off; OpenMM on its Reference and CUDA platforms), water and diamond
 #   verify2  one GPU: GPU tests after compile_step and the launcher fix (simulation, the graph-step
 #            integrations, pre-bound launches), then the eager profiler without/with pre-bound launches
+#   export   one GPU: the pre-bound launch test (float64, 1e-12), then the Triton-kernel .pt2 of
+#            i2c3f20l2r on water against the Predictor, with the rest of the call's time
 #   omm      one GPU, alone: MD on water with OpenMM on its CUDA and Reference platforms and two
 #            headrooms; then the pre-bound launches (GPU test, eager profiler without/with)
 #   devlist  one GPU: device rebuilds of the graph step's list (tests, MD); the Triton .pt2 built with the system g++
@@ -268,11 +270,16 @@ verify2)
   (FLASHCART_PREBOUND_LAUNCH=0 profile_run S eager inference 60; FLASHCART_PREBOUND_LAUNCH=1 profile_run S eager inference 60) \
     > "$out/prebound.log" 2>&1
   ;;
+export)
+  gpu_tests 0 "tests/cartesian/test_launcher.py:50" > "$out/tests_launcher.log" 2>&1
+  timeout 500 python3 benchmarks/export.py --device cuda --structures water --formats aoti --triton --r-max 6 --repeat 50 --model $S \
+    > "$out/export.log" 2>&1
+  ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2 or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done
