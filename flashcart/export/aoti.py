@@ -49,7 +49,7 @@ from .compiler import configured_compiler, package_compiler
 from .model import frozen_copy, structure_energy
 from .neighbors import image_table, images_needed, pair_list, reciprocal_rows, wrap_positions
 
-__all__ = ["build_aoti_graph", "check_package_loads", "export_aoti", "FORMAT", "required_images"]
+__all__ = ["build_aoti_graph", "check_package_loads", "export_aoti", "model_reference", "CHECK_TOLERANCE", "FORMAT", "required_images"]
 
 FORMAT = "flashcart-aoti-1"
 
@@ -182,8 +182,10 @@ def export_aoti(
 ) -> Path:
     """Compile the package for ``model`` (example structure ``atoms``) and write it to ``path`` atomically.
 
-    ``check_load``: load the compiled package in a fresh Python process first and raise a
-    ``RuntimeError`` (writing nothing) if that fails or crashes.
+    ``check_load``: load the compiled package in a fresh Python process first, run it there on
+    ``atoms``, and raise a ``RuntimeError`` (writing nothing) if that fails or crashes, or if its
+    energy or forces differ from the model's (the Predictor on the generated PyTorch backend, same
+    dtype and device) by more than :data:`CHECK_TOLERANCE` (relative).
     """
     program, _, metadata = build_aoti_graph(model, atoms, dtype, device, max_images, triton)
     configs = {"aot_inductor.metadata": metadata}
@@ -203,7 +205,14 @@ def export_aoti(
         torch._inductor.aoti_compile_and_package(program, package_path=tmp, inductor_configs=configs)
         if check_load:
             cxx = configs["cpp.cxx"][-1] if "cpp.cxx" in configs else None
-            check_package_loads(tmp, triton_kernels=triton and torch.device(device).type == "cuda", written=False, compiler=cxx)
+            check_package_loads(
+                tmp,
+                triton_kernels=triton and torch.device(device).type == "cuda",
+                written=False,
+                compiler=cxx,
+                example=_example(atoms, dtype, torch.device(device)),
+                reference=model_reference(model, atoms, dtype, device),
+            )
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -211,24 +220,77 @@ def export_aoti(
     return path
 
 
-_LOAD_CHECK = "import sys, torch; torch._inductor.aoti_load_package(sys.argv[1])"
+# the fresh process: load the package; with an inputs file and an outputs file, run it on the
+# inputs and save (energy, forces) on the CPU
+_LOAD_CHECK = """
+import sys, torch
+runner = torch._inductor.aoti_load_package(sys.argv[1])
+if len(sys.argv) > 3:
+    energy, forces = runner(*torch.load(sys.argv[2]))
+    torch.save((energy.detach().cpu(), forces.detach().cpu()), sys.argv[3])
+"""
+
+# largest relative difference (energy to max(1 eV, |E|), forces to max(1 eV/Å, max |F|)) between a
+# package's results on its export structure and the model's, per dtype
+CHECK_TOLERANCE = {torch.float64: 1e-8, torch.float32: 1e-4}
+
+
+def model_reference(model: FlashCartPotential, atoms, dtype: torch.dtype, device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Energy ``[]`` (eV) and forces ``[N, 3]`` (eV/Å) of ``atoms`` from the model through the
+    Predictor, on the generated PyTorch backend in ``dtype`` on ``device`` (on the CPU)."""
+    from ..data import collate, structure_from_atoms
+    from ..model.predictor import Predictor
+
+    device = torch.device(device)
+    frozen = frozen_copy(model, dtype, device, use_triton=False)
+    structure = structure_from_atoms(atoms, frozen.r_max, require_labels=False, device=device)
+    out = Predictor(frozen)(collate([structure], frozen.z_to_type.to(device)).to(device, dtype))
+    return out["energy"][0].detach().cpu(), out["forces"].detach().cpu()
+
+
+def _differences(result, reference) -> tuple[float, float]:
+    """Relative differences of energy and forces (see :data:`CHECK_TOLERANCE`)."""
+    (energy, forces), (ref_energy, ref_forces) = result, reference
+    de = abs(float(energy) - float(ref_energy)) / max(1.0, abs(float(ref_energy)))
+    scale = max(1.0, float(ref_forces.abs().max())) if ref_forces.numel() else 1.0
+    df = float((forces.double() - ref_forces.double()).abs().max()) / scale if ref_forces.numel() else 0.0
+    return de, df
 
 
 def check_package_loads(
-    path: str | Path, timeout: float = 600.0, triton_kernels: bool = False, written: bool = True, compiler: str | None = None
+    path: str | Path,
+    timeout: float = 600.0,
+    triton_kernels: bool = False,
+    written: bool = True,
+    compiler: str | None = None,
+    example: tuple | None = None,
+    reference: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Load the package at ``path`` in a fresh Python process (which need not import FlashCart);
     a ``RuntimeError`` naming the file, the exit status and the end of its error output if that
     fails, crashes or takes longer than ``timeout`` seconds. ``written=False`` (the export's
-    check of its temporary file) says in the error that nothing was written."""
+    check of its temporary file) says in the error that nothing was written.
+
+    With ``example`` (the package's inputs) and ``reference`` (``(energy, forces)`` it must
+    give), the process also runs the package, and results that differ by more than
+    :data:`CHECK_TOLERANCE` are a ``RuntimeError`` naming both."""
     outcome = "" if written else "; nothing was written"
-    cmd = [sys.executable, "-X", "faulthandler", "-c", _LOAD_CHECK, str(path)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"loading the compiled package {path} took longer than {timeout:.0f} s in a fresh process{outcome}") from None
-    if proc.returncode == 0:
-        return
+    with tempfile.TemporaryDirectory() as scratch:
+        io = []
+        if example is not None:
+            io = [Path(scratch) / "inputs.pt", Path(scratch) / "outputs.pt"]
+            torch.save(tuple(example), io[0])
+        cmd = [sys.executable, "-X", "faulthandler", "-c", _LOAD_CHECK, str(path), *map(str, io)]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(
+                f"loading the compiled package {path} took longer than {timeout:.0f} s in a fresh process{outcome}"
+            ) from None
+        if proc.returncode == 0:
+            if example is not None and reference is not None:
+                _check_results(path, torch.load(io[1]), reference, example[0].dtype, triton_kernels, outcome)
+            return
     how = f"crashed (signal {-proc.returncode})" if proc.returncode < 0 else f"failed (exit status {proc.returncode})"
     hint = ""
     if triton_kernels:
@@ -241,3 +303,16 @@ def check_package_loads(
         )
     tail = "\n".join(proc.stderr.strip().splitlines()[-12:])
     raise RuntimeError(f"the compiled package {path} {how} when loaded in a fresh process{outcome}.{hint}\n{tail}")
+
+
+def _check_results(path, result, reference, dtype: torch.dtype, triton_kernels: bool, outcome: str) -> None:
+    de, df = _differences(result, reference)
+    tol = CHECK_TOLERANCE.get(dtype, 1e-4)
+    if de <= tol and df <= tol:
+        return
+    hint = " Export without --triton (inductor's kernels for the generated PyTorch backend)." if triton_kernels else ""
+    raise RuntimeError(
+        f"the compiled package {path} does not compute what the model computes on the export structure: energy "
+        f"{float(result[0]):.8g} eV against {float(reference[0]):.8g} eV (relative difference {de:.1e}), forces' largest "
+        f"relative difference {df:.1e} (allowed {tol:.0e}){outcome}.{hint}"
+    )

@@ -162,6 +162,45 @@ def test_a_package_that_does_not_load_is_refused_and_nothing_is_written(small_mo
         aoti.check_package_loads(tmp_path / "bad.pt2", timeout=300, triton_kernels=True)
 
 
+def test_a_package_that_computes_something_else_is_refused_and_nothing_is_written(small_model, package64, tmp_path, monkeypatch):
+    """The export runs every package on its export structure in the fresh process and compares
+    with the model (on the H200 a package with the Triton kernels gave the right forces and an
+    energy off by half): a package that disagrees fails the export with both energies named and
+    an existing file untouched. Here a real package is "compiled" (copied) and the process
+    reports an energy 0.01 eV off; the real package passes the same check."""
+    import flashcart.export.aoti as aoti
+
+    target = tmp_path / "m.pt2"
+    target.write_bytes(b"the previous package")
+    monkeypatch.setattr(
+        torch._inductor,
+        "aoti_compile_and_package",
+        lambda program, package_path, inductor_configs: __import__("shutil").copyfile(package64, package_path),
+    )
+    real = aoti._LOAD_CHECK
+    monkeypatch.setattr(aoti, "_LOAD_CHECK", real.replace("energy.detach().cpu()", "energy.detach().cpu() + 0.01"))
+    with pytest.raises(RuntimeError, match=r"does not compute what the model computes.*relative difference .*; nothing was written") as err:
+        export_aoti(small_model, ethanol(), target, torch.float64, max_images=2, device="cpu")
+    assert "eV against" in str(err.value) and "without --triton" not in str(err.value)
+    assert target.read_bytes() == b"the previous package" and sorted(p.name for p in tmp_path.iterdir()) == ["m.pt2"]
+    monkeypatch.setattr(aoti, "_LOAD_CHECK", real)
+    export_aoti(small_model, ethanol(), target, torch.float64, max_images=2, device="cpu")  # the copied real package
+    assert target.read_bytes() == package64.read_bytes()
+    reference = aoti.model_reference(small_model, ethanol(), torch.float64, "cpu")
+    aoti.check_package_loads(
+        package64, timeout=300, example=aoti._example(ethanol(), torch.float64, torch.device("cpu")), reference=reference
+    )
+    shifted = (reference[0] + 1.0, reference[1])
+    with pytest.raises(RuntimeError, match=r"relative difference .* \(allowed 1e-08\)\. Export without --triton"):
+        aoti.check_package_loads(
+            package64,
+            timeout=300,
+            triton_kernels=True,
+            example=aoti._example(ethanol(), torch.float64, torch.device("cpu")),
+            reference=shifted,
+        )
+
+
 @pytest.mark.slow
 def test_float32_package(small_model, tmp_path):
     """float32, exported on the periodic cell (images from it), evaluated on it and on a molecule."""
