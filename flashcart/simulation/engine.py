@@ -158,9 +158,9 @@ class Engine:
         pad_atom_multiple, pad_edge_multiple: capacity rounding.
         add_atomic_offsets: include the per-element energy shifts in the energy.
         headroom: relative spare capacity reserved when a new neighbour list does not fit
-            (and, for the static step, above the pairs within ``r_max`` at a build: the padding
-            edges in those slots cost the model as much as real ones, so the default 0.1 is
-            about a tenth of a graph step's model time; a smaller one makes an overflow, which
+            (and, for the static step, above the pairs within ``r_max`` at a build: padding
+            edges fill those slots; on the H200 a graph step on water took 2.31 ms at 0.1 and
+            2.35 ms at 0.03, so they cost little; a smaller one makes an overflow, which
             rebuilds with new buffers and, compiled, recompiles, likelier).
         compile_backend: ``torch.compile`` backend (``inductor``; tests use ``aot_eager``).
         step: ``auto``, ``dynamic``, ``static`` or ``graph`` (see the module docs).
