@@ -41,6 +41,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ._compiled import CompiledOrEager
+
 __all__ = ["ListPlan", "StaticCellList", "plan_cell_list", "supports"]
 
 _FAR = 1.0e6  # Å: where an empty table slot's atom is, far beyond any cutoff
@@ -203,7 +205,7 @@ class StaticCellList:
         self.pair_slots = torch.arange(self.capacity, **i)
         self.far = torch.full((1, 3), _FAR, **f)
         self.compiled = bool(compiled)
-        self._search = torch.compile(self._find, fullgraph=True, dynamic=False) if compiled else self._find
+        self._search = CompiledOrEager(self._find, "the device rebuild's cell list") if compiled else self._find
 
     @property
     def candidates(self) -> int:

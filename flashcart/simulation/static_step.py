@@ -46,6 +46,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ._compiled import CompiledOrEager
+
 __all__ = [
     "StepCapacities",
     "StaticStep",
@@ -193,7 +195,7 @@ def _compiled_prepare():
     recompiled per shape, not per step object)."""
     global _COMPILED_PREPARE
     if _COMPILED_PREPARE is None:
-        _COMPILED_PREPARE = torch.compile(prepare_step, fullgraph=True, dynamic=False)
+        _COMPILED_PREPARE = CompiledOrEager(prepare_step, "the static step's work around the model")
     return _COMPILED_PREPARE
 
 

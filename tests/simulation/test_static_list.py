@@ -133,8 +133,22 @@ def test_compiled_step_work_and_device_rebuilds_equal_eager_along_md(model):
             assert abs(engine.evaluate(*args).energy - atoms.get_potential_energy()) < 1e-10
     step = engines[True]._static
     assert step.compiled and step._prepare is not step_module.prepare_step and engines[True]._cell_list.compiled
+    assert step._prepare.compiled is not None and engines[True]._cell_list._search.compiled is not None  # no eager fallback
     assert engines[True].device_rebuilds == engines[False].device_rebuilds >= 2
     assert engines[True].capacity_overflows == engines[False].capacity_overflows == 0
+
+
+def test_a_function_that_does_not_compile_runs_eagerly_with_a_warning():
+    from flashcart.simulation._compiled import CompiledOrEager
+
+    def fn(x):
+        torch._dynamo.graph_break()  # fullgraph=True: compiling fails
+        return x + 1
+
+    f = CompiledOrEager(fn, "a test function")
+    with pytest.warns(UserWarning, match=r"compiling a test function failed \(.*\); it runs eagerly from now on"):
+        assert torch.equal(f(torch.ones(2)), torch.full((2,), 2.0))
+    assert f.compiled is None and torch.equal(f(torch.zeros(1)), torch.ones(1))  # no second warning, eager
 
 
 def test_a_device_rebuild_that_overflows_falls_back_to_a_host_build(model):
