@@ -128,6 +128,19 @@ def test_max_images_below_the_structure_need_is_refused(small_model, tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+def _copying_compiler(package, tmp_path, monkeypatch):
+    """``aoti_compile_and_package`` made to copy ``package`` (a real one); returns a target file
+    holding a previous package."""
+    target = tmp_path / "m.pt2"
+    target.write_bytes(b"the previous package")
+    monkeypatch.setattr(
+        torch._inductor,
+        "aoti_compile_and_package",
+        lambda program, package_path, inductor_configs: __import__("shutil").copyfile(package, package_path),
+    )
+    return target
+
+
 def test_a_package_that_does_not_load_is_refused_and_nothing_is_written(small_model, package64, tmp_path, monkeypatch):
     """The export loads every package in a fresh process first (the CUDA packages with Triton
     kernels crashed in torch's loader on the H200): a crash there fails the export with the
@@ -135,13 +148,7 @@ def test_a_package_that_does_not_load_is_refused_and_nothing_is_written(small_mo
     and the loading process is made to crash."""
     import flashcart.export.aoti as aoti
 
-    target = tmp_path / "m.pt2"
-    target.write_bytes(b"the previous package")
-    monkeypatch.setattr(
-        torch._inductor,
-        "aoti_compile_and_package",
-        lambda program, package_path, inductor_configs: __import__("shutil").copyfile(package64, package_path),
-    )
+    target = _copying_compiler(package64, tmp_path, monkeypatch)
     monkeypatch.setattr(
         aoti, "_LOAD_CHECK", "import os, signal, sys; print('loading', sys.argv[1], file=sys.stderr); os.kill(os.getpid(), signal.SIGSEGV)"
     )
@@ -170,13 +177,7 @@ def test_a_package_that_computes_something_else_is_refused_and_nothing_is_writte
     reports an energy 0.01 eV off; the real package passes the same check."""
     import flashcart.export.aoti as aoti
 
-    target = tmp_path / "m.pt2"
-    target.write_bytes(b"the previous package")
-    monkeypatch.setattr(
-        torch._inductor,
-        "aoti_compile_and_package",
-        lambda program, package_path, inductor_configs: __import__("shutil").copyfile(package64, package_path),
-    )
+    target = _copying_compiler(package64, tmp_path, monkeypatch)
     real = aoti._LOAD_CHECK
     monkeypatch.setattr(aoti, "_LOAD_CHECK", real.replace("energy.detach().cpu()", "energy.detach().cpu() + 0.01"))
     with pytest.raises(RuntimeError, match=r"does not compute what the model computes.*relative difference .*; nothing was written") as err:

@@ -87,22 +87,28 @@ def model():
     return tiny_water_model()
 
 
+def _md_frames(model, atoms, steps: int):
+    """MD driven by the dynamic engine (``atoms.calc``), atoms wrapped into the cell after every
+    step as OpenMM does: yields each frame's ``evaluate`` arguments."""
+    atoms.calc = FlashCartCalculator(Engine(model, device="cpu", dtype="float64", skin=0.3, step="dynamic"))
+    MaxwellBoltzmannDistribution(atoms, temperature_K=3000, rng=np.random.default_rng(0))
+    dyn = VelocityVerlet(atoms, timestep=1.0 * ase_units.fs)
+    for _ in range(steps):
+        dyn.run(1)
+        atoms.wrap()
+        yield atoms.positions, atoms.numbers, atoms.cell.array, atoms.pbc
+
+
 @pytest.mark.parametrize("tilt", [True, False])
 def test_device_rebuilds_equal_host_builds_along_md(model, tilt):
     """MD driven by the dynamic engine; the static step with device rebuilds (the bins and
     slots planned once) and the one with host builds evaluate every frame alike."""
     atoms = water_box(n_side=2, tilt=tilt)
-    atoms.calc = FlashCartCalculator(Engine(model, device="cpu", dtype="float64", skin=0.3, step="dynamic"))
     device = Engine(model, device="cpu", dtype="float64", skin=0.3, step="static")
     device.device_rebuild = True
     host = Engine(model, device="cpu", dtype="float64", skin=0.3, step="static")
     assert not host.device_rebuild  # the default on the CPU
-    MaxwellBoltzmannDistribution(atoms, temperature_K=3000, rng=np.random.default_rng(0))
-    dyn = VelocityVerlet(atoms, timestep=1.0 * ase_units.fs)
-    for _ in range(30):
-        dyn.run(1)
-        atoms.wrap()
-        args = (atoms.positions, atoms.numbers, atoms.cell.array, atoms.pbc)
+    for args in _md_frames(model, atoms, 30):
         r, h = device.evaluate(*args), host.evaluate(*args)
         assert abs(r.energy - atoms.get_potential_energy()) < 1e-10 and abs(h.energy - r.energy) < 1e-10
         assert np.abs(r.forces - atoms.get_forces()).max() < 1e-10
@@ -115,17 +121,11 @@ def test_compiled_step_work_and_device_rebuilds_equal_eager_along_md(model):
     default on CUDA with a compile mode; here on the CPU) evaluate every frame as the eager ones:
     the same pair counts, lists and results."""
     atoms = water_box(n_side=2, tilt=True)
-    atoms.calc = FlashCartCalculator(Engine(model, device="cpu", dtype="float64", skin=0.3, step="dynamic"))
     engines = {}
     for compiled in (False, True):
         engine = engines[compiled] = Engine(model, device="cpu", dtype="float64", skin=0.3, step="static")
         engine.device_rebuild, engine.compile_step = True, compiled
-    MaxwellBoltzmannDistribution(atoms, temperature_K=3000, rng=np.random.default_rng(0))
-    dyn = VelocityVerlet(atoms, timestep=1.0 * ase_units.fs)
-    for _ in range(20):
-        dyn.run(1)
-        atoms.wrap()
-        args = (atoms.positions, atoms.numbers, atoms.cell.array, atoms.pbc)
+    for args in _md_frames(model, atoms, 20):
         eager, compiled = engines[False].evaluate(*args), engines[True].evaluate(*args)
         assert abs(compiled.energy - eager.energy) < 1e-10 and np.abs(compiled.forces - eager.forces).max() < 1e-10
         assert engines[True].model_edges == engines[False].model_edges
