@@ -30,6 +30,8 @@
 #            i2c3f20l2r on water against the Predictor, with the rest of the call's time
 #   pt2energy one GPU: where the Triton-kernel .pt2 loses its energy (stage by stage, offsets as
 #            they are and zero; two package compiles), then that GPU test again
+#   morning  one GPU, the next session's first call: the Triton .pt2 energy diagnosis, the GPU test
+#            the night's time limits cut off, and the kernel profile of both models' training step
 #   omm      one GPU, alone: MD on water with OpenMM on its CUDA and Reference platforms and two
 #            headrooms; then the pre-bound launches (GPU test, eager profiler without/with)
 #   devlist  one GPU: device rebuilds of the graph step's list (tests, MD); the Triton .pt2 built with the system g++
@@ -281,11 +283,17 @@ pt2energy)
   timeout 400 python3 benchmarks/diagnose_pt2_energy.py --package --zero-offsets > "$out/pt2_energy.log" 2>&1
   gpu_tests 0 "$X::test_cuda_package_matches_predictor[dtype2-1e-05-True]:180" > "$out/tests_triton_pt2.log" 2>&1
   ;;
+morning)
+  timeout 330 python3 benchmarks/diagnose_pt2_energy.py --package --zero-offsets > "$out/pt2_energy.log" 2>&1
+  gpu_tests 0 "tests/integrations/test_gpu.py::test_reduce_overhead_engine_reuses_detects_stale_lists_and_matches_eager:120" > "$out/tests.log" 2>&1
+  for m in i2c3f20l2r i3c3f64l2; do timeout 70 python3 benchmarks/kernel_profile.py --device cuda --model $m --phases training --repeat 3; done \
+    > "$out/kernel_profile_training.log" 2>&1
+  ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done
