@@ -338,11 +338,15 @@ class StaticStep:
     def model_inputs(self, pos: torch.Tensor, stress: bool) -> tuple:
         """The arguments of ``model_call`` for unwrapped positions ``pos``, and the pair count."""
         receivers, senders, shifts, edge_batch, count = self.compact(pos)
-        with torch.no_grad():
-            self.padded_positions[: self.n].copy_(pos)
-        x = self.padded_positions.detach().requires_grad_(True)
+        padded = torch.cat([pos, self.padded_positions[self.n :]])
+        return self._model_args(padded, receivers, senders, shifts, edge_batch, stress), count
+
+    def _model_args(self, padded, receivers, senders, shifts, edge_batch, stress: bool) -> tuple:
+        """``model_call``'s arguments: the padded positions (a leaf that requires grad), the strain
+        (with ``stress``), and the step's buffers."""
+        x = padded.detach().requires_grad_(True)
         strain = torch.zeros(2, 3, 3, dtype=self.dtype, device=self.device, requires_grad=True) if stress else None
-        return (x, strain, self.types, self.model_cell, shifts, receivers, senders, self.batch, edge_batch, 2), count
+        return (x, strain, self.types, self.model_cell, shifts, receivers, senders, self.batch, edge_batch, 2)
 
     def __call__(self, stress: bool) -> torch.Tensor:
         """One step on the current contents of :attr:`positions`: the packed results
@@ -366,10 +370,7 @@ class StaticStep:
             n=self.n,
             n_padding=self.n_padding,
         )
-        x = padded.detach().requires_grad_(True)
-        strain = torch.zeros(2, 3, 3, dtype=self.dtype, device=self.device, requires_grad=True) if stress else None
-        inputs = (x, strain, self.types, self.model_cell, shifts, receivers, senders, self.batch, edge_batch, 2)
-        energy, forces, s = self.model_call(*inputs)
+        energy, forces, s = self.model_call(*self._model_args(padded, receivers, senders, shifts, edge_batch, stress))
         parts = [energy[:1].detach(), moved2.reshape(1), count.to(self.dtype).reshape(1), self.list_status]
         parts.append(forces[: self.n].detach().reshape(-1))
         if stress:
