@@ -32,6 +32,7 @@ from benchmarks.md_vs_profile import structure  # noqa: E402
 from flashcart.config import load_config  # noqa: E402
 from flashcart.data import collate, structure_from_atoms  # noqa: E402
 from flashcart.export import export_aoti, export_torchscript, load_exported  # noqa: E402
+from flashcart.export.aoti import relative_differences  # noqa: E402
 from flashcart.model import MODEL_KEYS, FlashCartPotential, Predictor  # noqa: E402
 from flashcart.profiling import synchronize, time_per_call  # noqa: E402
 
@@ -164,11 +165,8 @@ def bench(name: str, args) -> list[dict]:
             agreement, kernels = "", (", Triton kernels" if args.triton and fmt == "aoti" else "")
             if fmt == "aoti":  # the package against the Predictor, as in the tests
                 ref = eager(batch)
-                energy, forces = pot._runner(pos, numbers, cell, pbc)
-                de = abs(float(energy) - float(ref["energy"][0]))
-                scale = max(1.0, float(ref["forces"].abs().max()))
-                df = float((forces.double() - ref["forces"].double()).abs().max()) / scale
-                agreement = f", |dE| {de:.1e} eV, max rel dF {df:.1e} against the Predictor"
+                de, df = relative_differences(pot._runner(pos, numbers, cell, pbc), (ref["energy"][0], ref["forces"]))
+                agreement = f", rel dE {de:.1e}, max rel dF {df:.1e} against the Predictor"
             emit(
                 rows,
                 {

@@ -28,8 +28,9 @@ kernels for the generated PyTorch backend (default), or with ``triton=True`` the
 kernels (``torch.library.triton_op``), compiled in. The C++ wrapper is compiled with a compiler
 that links ``libstdc++.so`` (:mod:`flashcart.export.compiler`: one that links the C++ runtime
 statically makes packages that crash torch's loader). Every package is loaded once in a fresh
-process before it is written: one that does not load fails the export and leaves ``path``
-untouched.
+process and run there on the export structure before it is written: one that does not load,
+or whose energy or forces differ from the model's by more than :data:`CHECK_TOLERANCE`, fails
+the export and leaves ``path`` untouched.
 """
 
 from __future__ import annotations
@@ -49,7 +50,16 @@ from .compiler import configured_compiler, package_compiler
 from .model import frozen_copy, structure_energy
 from .neighbors import image_table, images_needed, pair_list, reciprocal_rows, wrap_positions
 
-__all__ = ["build_aoti_graph", "check_package_loads", "export_aoti", "model_reference", "CHECK_TOLERANCE", "FORMAT", "required_images"]
+__all__ = [
+    "build_aoti_graph",
+    "check_package_loads",
+    "export_aoti",
+    "model_reference",
+    "relative_differences",
+    "CHECK_TOLERANCE",
+    "FORMAT",
+    "required_images",
+]
 
 FORMAT = "flashcart-aoti-1"
 
@@ -252,8 +262,9 @@ def model_reference(model: FlashCartPotential, atoms, dtype: torch.dtype, device
     return out["energy"][0].detach().cpu(), out["forces"].detach().cpu()
 
 
-def _differences(result, reference) -> tuple[float, float]:
-    """Relative differences of energy and forces (see :data:`CHECK_TOLERANCE`)."""
+def relative_differences(result, reference) -> tuple[float, float]:
+    """``(energy, forces)`` against ``reference`` (both ``(energy [], forces [N, 3])``): the
+    relative differences of energy and forces (see :data:`CHECK_TOLERANCE`)."""
     (energy, forces), (ref_energy, ref_forces) = result, reference
     de = abs(float(energy) - float(ref_energy)) / max(1.0, abs(float(ref_energy)))
     scale = max(1.0, float(ref_forces.abs().max())) if ref_forces.numel() else 1.0
@@ -310,7 +321,7 @@ def check_package_loads(
 
 
 def _check_results(path, result, reference, dtype: torch.dtype, triton_kernels: bool, outcome: str) -> None:
-    de, df = _differences(result, reference)
+    de, df = relative_differences(result, reference)
     tol = CHECK_TOLERANCE.get(dtype, 1e-4)
     if de <= tol and df <= tol:
         return

@@ -187,18 +187,6 @@ def prepare_step(
     return padded, moved2, receivers, senders, shifts, edge_batch, count
 
 
-_COMPILED_PREPARE = None
-
-
-def _compiled_prepare():
-    """:func:`prepare_step` through ``torch.compile`` (one compiled function for every step:
-    recompiled per shape, not per step object)."""
-    global _COMPILED_PREPARE
-    if _COMPILED_PREPARE is None:
-        _COMPILED_PREPARE = CompiledOrEager(prepare_step, "the static step's work around the model")
-    return _COMPILED_PREPARE
-
-
 class StaticStep:
     """Static buffers for one structure and the step that runs on them (see the module docs).
 
@@ -259,7 +247,9 @@ class StaticStep:
         self.model_cell = torch.zeros(2, 3, 3, **f)
         self.slots = torch.arange(c + 1, **i)  # one extra slot takes the pairs that are not copied
         self.compiled = bool(compiled)
-        self._prepare = _compiled_prepare() if compiled else prepare_step
+        # torch.compile keeps its compiled code with prepare_step's code object: every step of the
+        # same shapes reuses it
+        self._prepare = CompiledOrEager(prepare_step, "the static step's work around the model") if compiled else prepare_step
 
     def matches(self, n_atoms: int, pbc: np.ndarray) -> bool:
         return n_atoms == self.n and np.array_equal(np.asarray(pbc, dtype=bool), self.pbc)

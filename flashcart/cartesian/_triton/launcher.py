@@ -2,9 +2,7 @@
 
 Every eager launch through ``kernel[grid](...)`` runs ``JITFunction.run``: it binds the
 arguments, computes their specialisation and the cache key, looks the compiled kernel up and
-builds the launch metadata. On the H200 (triton 3.6) the 49 launches of one i2c3f20l2r force
-call spent 6.9 ms there under cProfile, against 3.2 ms of kernel time (benchmarks/RESULTS.md,
-2026-12-01 afternoon). :func:`launch` does that work once per specialisation: the first launch
+builds the launch metadata. :func:`launch` does that work once per specialisation: the first launch
 goes through ``kernel[grid]`` and keeps the compiled kernel's launcher; later launches whose
 arguments specialise the same way call it directly.
 
@@ -14,8 +12,11 @@ and whether it fits in 32 bits; constexprs, floats, bools and ``None`` by value;
 options and the device. The arguments are passed in the kernel's declaration order (constexprs
 included; the launcher drops them), the scratch buffers are the launcher's own.
 
-Off unless ``FLASHCART_PREBOUND_LAUNCH=1`` (read at import; :data:`ENABLED` may be assigned):
-not yet run on a GPU. It never applies under ``TRITON_INTERPRET=1`` (the kernels are then not
+Off unless ``FLASHCART_PREBOUND_LAUNCH=1`` (read at import; :data:`ENABLED` may be assigned).
+On the H200 (triton 3.6, 2026-12-01 night) pre-bound launches equal plain ones (1e-12, float64)
+but the eager profiler measured no gain: triton 3.6 binds arguments natively, and the 6.9 ms
+that cProfile had charged to its launcher per force call was mostly the profiler's own
+overhead (benchmarks/RESULTS.md). It never applies under ``TRITON_INTERPRET=1`` (the kernels are then not
 compiled), while tracing (``torch.library.wrap_triton`` launches, handled by the caller), or
 while a launch hook is installed (profilers such as proton read the metadata this skips).
 """
@@ -71,7 +72,8 @@ def _constexpr_names(kernel: Any) -> frozenset[str]:
     return frozenset(p.name for p in kernel.params if p.is_constexpr)
 
 
-_kernel_reasons: dict[int, tuple[Any, str | None]] = {}  # id(kernel) -> (kernel, why it cannot be pre-bound)
+# id(kernel) -> (kernel, why it cannot be pre-bound or None, its constexpr names), decided once
+_kernel_reasons: dict[int, tuple[Any, str | None, frozenset[str]]] = {}
 
 
 def _hook_installed(hook: Any) -> bool:
@@ -96,13 +98,19 @@ def _kernel_reason(kernel: Any) -> str | None:
     return None
 
 
+def _kernel_entry(kernel: Any) -> tuple[Any, str | None, frozenset[str]]:
+    entry = _kernel_reasons.get(id(kernel))
+    if entry is None or entry[0] is not kernel:
+        reason = _kernel_reason(kernel)
+        entry = _kernel_reasons[id(kernel)] = (kernel, reason, _constexpr_names(kernel) if reason is None else frozenset())
+    return entry
+
+
 def _plain_reason(kernel: Any) -> str | None:
     """Why ``kernel`` must be launched the plain way (``None``: it can be pre-bound): not a
     compiled ``@triton.jit`` function (the interpreter's, an autotuner; decided once per
     kernel), or a launch hook is installed (checked every launch)."""
-    entry = _kernel_reasons.get(id(kernel))
-    if entry is None or entry[0] is not kernel:
-        entry = _kernel_reasons[id(kernel)] = (kernel, _kernel_reason(kernel))
+    entry = _kernel_entry(kernel)
     if entry[1] is not None:
         return entry[1]
     from triton import knobs
@@ -143,7 +151,8 @@ def launch(kernel: Any, grid: tuple, values: dict[str, Any], options: dict[str, 
         kernel[grid](**values, **options)
         return
     names = kernel.arg_names
-    key = (id(kernel), device, tuple(sorted(options.items())), specialisation(names, values, _constexpr_names(kernel)))
+    constexprs = _kernel_reasons[id(kernel)][2] if id(kernel) in _kernel_reasons else _constexpr_names(kernel)
+    key = (id(kernel), device, tuple(sorted(options.items())), specialisation(names, values, constexprs))
     entry = _launchers.get(key)
     if entry is None:
         compiled = kernel[grid](**values, **options)  # compiles (once) and launches
