@@ -34,6 +34,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+class _Skipped(Exception):
+    pass
+
+
+def _others() -> dict:
+    """Structures other than the exported one: the test's export structure and another molecule."""
+    from tests.export.conftest import ethanol, other_molecule
+
+    return {"ethanol (not moved)": ethanol(), "other molecule": other_molecule()}
+
+
 def _compare(what: str, result, reference) -> None:
     (energy, forces), (ref_energy, ref_forces) = result, reference
     energy, forces = float(energy), forces.detach().double().cpu()
@@ -42,7 +53,7 @@ def _compare(what: str, result, reference) -> None:
     print(f"  {what:<58} energy {energy:+.8f} eV (- reference {de:+.3e}), max rel dF {df:.1e}", flush=True)
 
 
-def run(model, atoms, dtype, package: bool, device: torch.device) -> None:
+def run(model, atoms, dtype, package: bool, device: torch.device, compile_stage: bool = True, dump: Path | None = None) -> None:
     from flashcart.data import collate, structure_from_atoms
     from flashcart.export.aoti import _EnergyForces, _example, build_aoti_graph, export_aoti, model_reference
     from flashcart.export.model import frozen_copy
@@ -66,9 +77,15 @@ def run(model, atoms, dtype, package: bool, device: torch.device) -> None:
     t0 = time.perf_counter()
     if device.type == "cpu":
         torch._inductor.config.cpp.simdlen = 1  # as the exports: an inductor CPU vectoriser assertion
+    if not compile_stage:
+        print("  4. exported program, torch.compile: skipped (--skip-compile)", flush=True)
     try:
+        if not compile_stage:
+            raise _Skipped
         result = torch.compile(module, fullgraph=False)(*example)
         _compare(f"4. exported program, torch.compile ({time.perf_counter() - t0:.0f} s)", result, reference)
+    except _Skipped:
+        pass
     except Exception as err:  # a diagnosis goes on to the package
         print(f"  4. exported program, torch.compile: {type(err).__name__}: {str(err).splitlines()[0][:300]}", flush=True)
     if package:
@@ -76,14 +93,31 @@ def run(model, atoms, dtype, package: bool, device: torch.device) -> None:
             path = Path(tmp) / "m.pt2"
             t0 = time.perf_counter()
             export_aoti(model, atoms, path, dtype, device.type, max_images=2, triton=True, check_load=False)
+            if dump is not None:  # the package's generated C++ (wrapper and kernels), for reading
+                import zipfile
+
+                dump.mkdir(parents=True, exist_ok=True)
+                with zipfile.ZipFile(path) as z:
+                    for name in z.namelist():
+                        if name.endswith(".cpp"):
+                            (dump / Path(name).name.split(".", 1)[1]).write_bytes(z.read(name))
             runner = torch._inductor.aoti_load_package(str(path))
-            _compare(f"5. AOTInductor package, Triton kernels ({time.perf_counter() - t0:.0f} s)", runner(*example), reference)
+            seconds = time.perf_counter() - t0
+            # three calls on the same inputs (an output accumulated into memory that is not zeroed
+            # differs from call to call), then the inputs of other structures
+            for i in range(3):
+                _compare(f"5.{i + 1} AOTInductor package, Triton kernels ({seconds:.0f} s), call {i + 1}", runner(*[t.clone() for t in example]), reference)
+            for name, other in _others().items():
+                ref = model_reference(model, other, dtype, device)
+                _compare(f"5. package on {name}", runner(*_example(other, dtype, device)), ref)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--package", action="store_true", help="also compile and run the AOTInductor package")
     parser.add_argument("--zero-offsets", action="store_true", help="repeat with the atomic energy offsets set to zero")
+    parser.add_argument("--skip-compile", action="store_true", help="skip stage 4 (torch.compile in this process)")
+    parser.add_argument("--dump", type=Path, help="write the package's generated C++ sources into this folder")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     args = parser.parse_args()
@@ -101,7 +135,7 @@ def main() -> None:
         passes.append(("offsets zero", zeroed))
     for label, m in passes:
         print(f"=== {label}: atomic_shifts {m.atomic_shifts.tolist()}, {args.dtype}", flush=True)
-        run(m, atoms, dtype, args.package, torch.device(args.device))
+        run(m, atoms, dtype, args.package, torch.device(args.device), compile_stage=not args.skip_compile, dump=args.dump)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,9 @@
 #   omm      one GPU, alone: MD on water with OpenMM on its CUDA and Reference platforms and two
 #            headrooms; then the pre-bound launches (GPU test, eager profiler without/with)
 #   devlist  one GPU: device rebuilds of the graph step's list (tests, MD); the Triton .pt2 built with the system g++
+#   evening  one GPU: the .pt2 energy diagnosis again (the morning's stopped at torch 2.11's missing
+#            inductor option), and the training-step kernel profiles with more time
+#   pt2dump  one GPU: the Triton .pt2's generated sources and inductor's log; weight-gradient split rules
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
 # Each GPU writes one log per part into OUT (the device tool returns at most 8 files).
@@ -289,11 +292,21 @@ morning)
   for m in i2c3f20l2r i3c3f64l2; do timeout 70 python3 benchmarks/kernel_profile.py --device cuda --model $m --phases training --repeat 3; done \
     > "$out/kernel_profile_training.log" 2>&1
   ;;
+evening)
+  timeout 290 python3 benchmarks/diagnose_pt2_energy.py --package --zero-offsets --skip-compile > "$out/pt2_energy.log" 2>&1
+  for m in i2c3f20l2r i3c3f64l2; do timeout 140 python3 benchmarks/kernel_profile.py --device cuda --model $m --phases training --repeat 3; done \
+    > "$out/kernel_profile_training.log" 2>&1
+  ;;
+pt2dump)
+  TORCH_LOGS=output_code,post_grad_graphs timeout 200 python3 benchmarks/diagnose_pt2_energy.py --package --skip-compile --dump "$out/pt2src" > "$out/pt2_dump.log" 2>&1
+  for m in i2c3f20l2r i3c3f64l2; do timeout 100 python3 benchmarks/linear_tiles.py --model $m --weight-grad 0x64 512x32 1024x16 2048x16 2048x8 4096x8; done \
+    > "$out/weight_grad.log" 2>&1
+  ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

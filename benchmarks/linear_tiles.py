@@ -9,6 +9,12 @@ the summed time and the FP32 rate.
 
     python benchmarks/linear_tiles.py --model i3c3f64l2
     python benchmarks/linear_tiles.py --model i2c3f20l2r --tiles 32x32x32x4 32x32x16x4x2
+    python benchmarks/linear_tiles.py --model i3c3f64l2 --weight-grad 0x64 1024x16   # weight-gradient splits
+
+``--weight-grad PROGRAMSxROWS ...`` times the weight gradients instead (``lin_bwd_w``, the
+training step's extra launch per map) under each split rule of ``ops.WeightGradSplit``
+(about PROGRAMS programs, at least ROWS rows per split; ``0x64``: the first rule,
+``min(64, rows // 64)`` splits), each layer with its default tiles.
 
 Protocol: float32, TF32 off, warm-up excluded, CUDA synchronised (``triton.testing.do_bench``,
 median); on CUDA the calls are replayed as a CUDA graph
@@ -50,6 +56,7 @@ def main() -> None:
     parser.add_argument("--model", default="i3c3f64l2", choices=list(MODELS))
     parser.add_argument("--rows", type=int, default=1000, help="atoms (rows of the node features)")
     parser.add_argument("--tiles", nargs="+", default=TILES)
+    parser.add_argument("--weight-grad", nargs="+", metavar="PROGRAMSxROWS", help="time the weight gradients under these split rules")
     parser.add_argument("--device", default="cuda", help="cuda; cpu only to smoke-test the script under TRITON_INTERPRET=1")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -65,6 +72,10 @@ def main() -> None:
         cases.append((lin, w, x, gy))
     total_flop = 2 * sum(flops(lin, args.rows) for lin, *_ in cases)
     print(f"{args.model}: {len(maps)} linear maps, {args.rows} rows, {total_flop / 1e9:.2f} GFLOP (forward + input gradient)")
+
+    if args.weight_grad:
+        weight_grads(cases, total_flop // 2, args)
+        return
 
     def run():
         return [
@@ -94,6 +105,34 @@ def main() -> None:
             run()
             ms = (time.perf_counter() - t0) * 1e3
         print(f"{raw:<16} {ms:>8.3f} {total_flop / (ms * 1e-3) / 1e12:>8.2f} {diff:>14.2e}")
+
+
+def weight_grads(cases, flop: int, args) -> None:
+    """Time every map's weight gradient under each split rule (CUDA-graph replays on CUDA)."""
+    cuda = args.device == "cuda"
+    reference = None
+    print(f"weight gradients: {flop / 1e9:.2f} GFLOP")
+    print(f"{'rule':<12} {'splits (per map)':<40} {'ms':>8} {'TFLOP/s':>8} {'max rel. diff':>14}")
+    for raw in args.weight_grad:
+        programs, rows = (int(v) for v in raw.lower().split("x"))
+        ops.WEIGHT_GRAD_SPLIT = ops.WeightGradSplit(programs, rows)
+        splits = sorted({int(ops.weight_grad_split(lin.key, args.rows)) for lin, *_ in cases})
+
+        def run():
+            return [ops.lin_bwd_w.op(gy, x, lin.launch_table, lin.key) for lin, w, x, gy in cases]
+
+        out = run()
+        if reference is None:
+            reference = out
+        diff = max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-30)) for a, b in zip(out, reference))
+        if cuda:
+            ms = triton.testing.do_bench_cudagraph(run, rep=200, return_mode="median")
+        else:
+            t0 = time.perf_counter()
+            run()
+            ms = (time.perf_counter() - t0) * 1e3
+        print(f"{raw:<12} {str(splits):<40} {ms:>8.3f} {flop / (ms * 1e-3) / 1e12:>8.2f} {diff:>14.2e}")
+    ops.WEIGHT_GRAD_SPLIT = ops.WeightGradSplit()
 
 
 if __name__ == "__main__":

@@ -201,8 +201,10 @@ def export_aoti(
     # Inductor re-derives the bound of the pair count (the neighbour list's nonzero) from the
     # export structure's sizes, not the symbolic ones, and asserts it at run time: a package
     # exported on 24 atoms refused 648 ("Expected u0 <= 15552"). The graph's own checks on the
-    # inputs are tensor assertions (torch._assert_async), which this setting keeps.
-    configs = {"aot_inductor.metadata": metadata, "do_not_emit_runtime_assertions": True}
+    # inputs are tensor assertions (torch._assert_async), which this setting keeps. (Torch 2.13
+    # also has ``do_not_emit_runtime_assertions``; 2.11 has only ``scalar_asserts``, which both
+    # read when they generate a scalar assertion.)
+    configs = {"aot_inductor.metadata": metadata, "scalar_asserts": False}
     if torch.device(device).type == "cpu":
         configs["cpp.simdlen"] = 1  # as the Predictor: works around an inductor CPU vectoriser assertion
     configs.update(inductor_configs or {})

@@ -19,7 +19,7 @@ Ops (namespace ``flashcart``):
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -500,6 +500,35 @@ def _launch_grouped(a: Tensor, b: Tensor, c: Tensor, table: Tensor, key: str, ki
     launch_kernel(grouped_matmul, a, (tiles, split), values, options)
 
 
+# The weight gradient reduces over every row: its output (F_out x paths * F_in per rank) has
+# few tiles, so the reduction is split over a second grid axis into partial sums that one
+# ``sum(0)`` adds. ``WeightGradSplit(programs, rows)``: enough splits for about ``programs``
+# programs in all, at most 64, and at least ``rows`` rows per split. (64, 64) with
+# ``programs=0`` is the first rule (min(64, rows // 64) splits whatever the tile count);
+# benchmarks/linear_tiles.py --weight-grad assigns WEIGHT_GRAD_SPLIT to compare rules.
+class WeightGradSplit(NamedTuple):
+    programs: int = 0
+    rows: int = 64
+
+
+WEIGHT_GRAD_SPLIT = WeightGradSplit()
+MAX_WEIGHT_GRAD_SPLIT = 64
+
+
+def weight_grad_split(key: str, n_rows, use_dot: bool = True):
+    """Splits of the weight gradient's reduction for ``n_rows`` rows (a SymInt under tracing)."""
+    rule = WEIGHT_GRAD_SPLIT
+    cap = MAX_WEIGHT_GRAD_SPLIT
+    if rule.programs > 0:
+        t = LINEAR_TILES
+        if t is None:
+            s = linear_spec(key)
+            t = default_tiles(s.f_in, s.f_out, use_dot)
+        tiles = max(1, n_tiles(key, BWD_W, 0, t.bm, t.bn))  # the weight gradient's M and N do not grow with rows
+        cap = min(cap, -(-rule.programs // tiles))
+    return torch.sym_max(1, torch.sym_min(cap, n_rows // rule.rows))
+
+
 def _check_table(table: Tensor, key: str, like: Tensor) -> None:
     s = linear_spec(key)
     if table.shape != (3, s.n_mixed, N_COLS) or table.dtype != torch.int64:
@@ -550,7 +579,7 @@ def lin_bwd_w(gy: Tensor, x: Tensor, table: Tensor, key: str) -> Tensor:
     _check_table(table, key, gy)
     gy, x = gy.contiguous(), x.contiguous()
     n = gy.shape[0]
-    split = torch.sym_max(1, torch.sym_min(64, n // 64))
+    split = weight_grad_split(key, n, gy.dtype != torch.float64 or not gy.is_cuda)
     gw = torch.empty(split, s.w_numel, dtype=gy.dtype, device=gy.device)
     if guard_or_false(n == 0):
         return gw.zero_().sum(0)
