@@ -106,7 +106,11 @@ def run(model, atoms, dtype, package: bool, device: torch.device, compile_stage:
             # three calls on the same inputs (an output accumulated into memory that is not zeroed
             # differs from call to call), then the inputs of other structures
             for i in range(3):
-                _compare(f"5.{i + 1} AOTInductor package, Triton kernels ({seconds:.0f} s), call {i + 1}", runner(*[t.clone() for t in example]), reference)
+                _compare(
+                    f"5.{i + 1} AOTInductor package, Triton kernels ({seconds:.0f} s), call {i + 1}",
+                    runner(*[t.clone() for t in example]),
+                    reference,
+                )
             for name, other in _others().items():
                 ref = model_reference(model, other, dtype, device)
                 _compare(f"5. package on {name}", runner(*_example(other, dtype, device)), ref)

@@ -38,6 +38,8 @@
 #   evening  one GPU: the .pt2 energy diagnosis again (the morning's stopped at torch 2.11's missing
 #            inductor option), and the training-step kernel profiles with more time
 #   pt2dump  one GPU: the Triton .pt2's generated sources and inductor's log; weight-gradient split rules
+#   final2   one GPU: the CUDA .pt2 tests after the energy fix, Triton parity (weight-gradient
+#            splits), the training-step kernel profile with the new split rule
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
 # Each GPU writes one log per part into OUT (the device tool returns at most 8 files).
@@ -302,11 +304,17 @@ pt2dump)
   for m in i2c3f20l2r i3c3f64l2; do timeout 100 python3 benchmarks/linear_tiles.py --model $m --weight-grad 0x64 512x32 1024x16 2048x16 2048x8 4096x8; done \
     > "$out/weight_grad.log" 2>&1
   ;;
+final2)
+  gpu_tests 0 "tests/export/test_gpu_export.py::test_cuda_package_matches_predictor:330" > "$out/tests_export.log" 2>&1 &
+  gpu_tests 0 "tests/cartesian/test_triton_parity.py:90" > "$out/tests_parity.log" 2>&1
+  timeout 130 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases training --repeat 3 > "$out/kernel_profile_training.log" 2>&1
+  wait
+  ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2 or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

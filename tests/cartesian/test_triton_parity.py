@@ -163,6 +163,27 @@ def test_linear_parity_for_other_tile_shapes(device, tiles, monkeypatch):
         assert_close(b, a, 1e-12, "linear map with other tiles")
 
 
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rule, splits", [((0, 64), 1), ((2048, 8), 4), ((2048, 1), 37), ((6, 1), 2)])
+def test_weight_gradient_split_rules(device, rule, splits, monkeypatch):
+    """The weight gradient's reduction split into partial sums (ops.WeightGradSplit: a programs
+    target, rows per split; a K chunk per split that is no multiple of the K step, splits whose
+    chunk is empty; the map has 3 weight-gradient tiles, so a target of 6 programs gives 2
+    splits) equals the PyTorch backend's, whatever the number of splits."""
+    import flashcart.cartesian._triton.ops as ops
+
+    monkeypatch.setattr(ops, "WEIGHT_GRAD_SPLIT", ops.WeightGradSplit(*rule))
+    ref, tri = _pair(EquivariantLinear, 3, 2, 9, 20, in_paths=[2, 3, 1, 2])
+    ref, tri = ref.to(device, torch.float64), tri.to(device, torch.float64)
+    assert int(ops.weight_grad_split(tri.key, 37)) == splits
+    x = torch.randn(37, ref.in_width, dtype=torch.float64, device=device)
+    gy = torch.randn(37, ref.out_width, dtype=torch.float64, device=device)
+    grads = [torch.autograd.grad(m(x), list(m.weights), gy) for m in (ref, tri)]
+    for a, b in zip(*grads):
+        assert_close(b, a, 1e-12, f"weight gradient in {splits} splits")
+
+
 @pytest.mark.skipif(not triton_available(), reason="needs triton")
 def test_linear_kernel_compiles_for_sm90_without_spills():
     """The grouped matmul compiled for sm_90 (bundled ptxas, no GPU, a process without
