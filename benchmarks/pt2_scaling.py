@@ -1,13 +1,14 @@
 """How an AOTInductor package's cost grows with the number of atoms (issue 12).
 
-The package builds its neighbour list from all pairs and every periodic image it enumerates
-(``flashcart.export.neighbors.pair_list``), so its memory and time grow as ``N^2 x images``.
-This exports one small model once (the export tests' ``SMALL`` options, float32, a periodic
+With ``--neighbours all-pairs`` the package builds its neighbour list from all pairs and every
+periodic image it enumerates (``flashcart.export.neighbors.pair_list``), so its time grows as
+``N^2 x images``; ``cells`` (the CPU default) bins the atoms
+(``flashcart.export.neighbors.binned_pair_list``). This exports one small model once (the export tests' ``SMALL`` options, float32, a periodic
 water box, one image per side) and runs the package on water boxes of growing size, each in a
 fresh process: seconds per call (median of ``--repeat``) and the process's peak memory (CPU:
 its maximum resident set; CUDA: the caching allocator's peak).
 
-    python benchmarks/pt2_scaling.py --device cpu --sides 2 3 4 5
+    python benchmarks/pt2_scaling.py --device cpu --sides 2 3 4 5 --neighbours cells all-pairs
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--sides", type=int, nargs="+", default=[2, 3, 4, 5], help="water_box n_side values")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--neighbours", nargs="+", default=["cells", "all-pairs"], choices=["cells", "all-pairs"])
     args = parser.parse_args()
     from flashcart.export import export_aoti
     from flashcart.model.potential import FlashCartPotential
@@ -61,20 +63,24 @@ def main() -> None:
 
     torch.manual_seed(0)
     model = FlashCartPotential(ELEMENTS, avg_neighbors=5.0, use_triton=False, **SMALL)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "water.pt2"
-        t0 = time.perf_counter()
-        export_aoti(model, water_box(n_side=max(2, min(args.sides))), path, torch.float32, args.device, max_images=1)
-        print(f"export and check: {time.perf_counter() - t0:.0f} s, r_max {model.r_max} A, max_images 1 (27 images)", flush=True)
-        print("| atoms | cell (A) | s/call | peak MiB |\n| ---: | ---: | ---: | ---: |", flush=True)
-        for side in args.sides:
-            cmd = [sys.executable, "-c", RUN, str(path), args.device, str(side), str(args.repeat), str(ROOT)]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                print(f"| n_side {side} | failed: {proc.stderr.strip().splitlines()[-1][:200]} | | |", flush=True)
-                continue
-            row = json.loads(proc.stdout.strip().splitlines()[-1])
-            print(f"| {row['atoms']} | {row['cell']:.2f} | {row['s_per_call']:.4f} | {row['peak_MiB']:.0f} |", flush=True)
+    for neighbours in args.neighbours:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "water.pt2"
+            t0 = time.perf_counter()
+            export_aoti(
+                model, water_box(n_side=max(2, min(args.sides))), path, torch.float32, args.device, max_images=1, neighbours=neighbours
+            )
+            seconds = time.perf_counter() - t0
+            print(f"\nneighbours {neighbours}: export and check {seconds:.0f} s, r_max {model.r_max} A, max_images 1", flush=True)
+            print("| atoms | cell (A) | s/call | peak MiB |\n| ---: | ---: | ---: | ---: |", flush=True)
+            for side in args.sides:
+                cmd = [sys.executable, "-c", RUN, str(path), args.device, str(side), str(args.repeat), str(ROOT)]
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    print(f"| n_side {side} | failed: {proc.stderr.strip().splitlines()[-1][:200]} | | |", flush=True)
+                    continue
+                row = json.loads(proc.stdout.strip().splitlines()[-1])
+                print(f"| {row['atoms']} | {row['cell']:.2f} | {row['s_per_call']:.4f} | {row['peak_MiB']:.0f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,15 @@ def _parser() -> argparse.ArgumentParser:
             "every package is load-checked in a fresh process before it is written)"
         ),
     )
+    p.add_argument(
+        "--neighbours",
+        default=None,
+        help=(
+            "the file's neighbour search: cells (bins a cutoff wide: time linear in the atoms) or all-pairs "
+            "(a dense N^2 x images test); default for aoti: cells on cpu, all-pairs on cuda; for torchscript: "
+            "cells from 256 atoms"
+        ),
+    )
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return p
 
@@ -62,6 +71,8 @@ def export(args: argparse.Namespace) -> Path:
         raise ValueError(f"--device must be cpu or cuda, got {args.device!r}")
     if args.max_images is not None and args.format != "aoti":
         raise ValueError("--max-images applies to --format aoti only (TorchScript files enumerate images from each box)")
+    if args.neighbours not in (None, "cells", "all-pairs"):
+        raise ValueError(f"--neighbours must be cells or all-pairs, got {args.neighbours!r}")
     if args.triton and (args.format != "aoti" or args.device != "cuda"):
         raise ValueError("--triton applies to --format aoti --device cuda only (elsewhere the PyTorch backend is always used)")
     out = Path(args.output)
@@ -76,9 +87,9 @@ def export(args: argparse.Namespace) -> Path:
         bar.update()
         bar.set_postfix_str("tracing and compiling" if args.format == "aoti" else "tracing")
         if args.format == "torchscript":
-            export_torchscript(model, atoms, out, dtype, str(device))
+            export_torchscript(model, atoms, out, dtype, str(device), neighbours=args.neighbours)
         else:
-            export_aoti(model, atoms, out, dtype, str(device), max_images=args.max_images, triton=args.triton)
+            export_aoti(model, atoms, out, dtype, str(device), max_images=args.max_images, triton=args.triton, neighbours=args.neighbours)
         bar.update(2)
     return out
 

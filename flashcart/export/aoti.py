@@ -48,7 +48,7 @@ import torch
 from ..model.potential import FlashCartPotential
 from .compiler import configured_compiler, package_compiler
 from .model import frozen_copy, structure_energy
-from .neighbors import image_table, images_needed, pair_list, reciprocal_rows, wrap_positions
+from .neighbors import binned_pair_list, image_table, images_needed, pair_list, reciprocal_rows, wrap_positions
 
 __all__ = [
     "build_aoti_graph",
@@ -56,12 +56,15 @@ __all__ = [
     "export_aoti",
     "model_reference",
     "relative_differences",
+    "default_neighbours",
     "CHECK_TOLERANCE",
     "FORMAT",
+    "NEIGHBOURS",
     "required_images",
 ]
 
 FORMAT = "flashcart-aoti-1"
+NEIGHBOURS = ("cells", "all-pairs")
 
 
 def required_images(atoms, cutoff: float) -> tuple[int, int, int]:
@@ -76,7 +79,10 @@ def required_images(atoms, cutoff: float) -> tuple[int, int, int]:
 class _EnergyForces:
     """The traced function: ``(positions, atomic_numbers, cell, pbc) -> (energy, forces)``."""
 
-    def __init__(self, model: FlashCartPotential, max_images: tuple[int, int, int], reexport_hint: str):
+    def __init__(self, model: FlashCartPotential, max_images: tuple[int, int, int], reexport_hint: str, neighbours: str = "all-pairs"):
+        if neighbours not in NEIGHBOURS:
+            raise ValueError(f"neighbours must be one of {', '.join(NEIGHBOURS)}, got {neighbours!r}")
+        self.neighbours = neighbours
         self.model = model
         self.cutoff = float(model.r_max)
         self.max_images = max_images
@@ -117,8 +123,11 @@ class _EnergyForces:
         positions.requires_grad_(True)
         pos = wrap_positions(positions, safe_cell, recip, periodic)
         table = image_table(*self.max_images, dtype, dev)
-        allowed = ((table == 0) | pbc[None, :]).all(dim=1)
-        receivers, senders, image = pair_list(pos, table @ cell, allowed, self.cutoff)
+        if self.neighbours == "cells":
+            receivers, senders, image = binned_pair_list(pos, cell, recip, pbc, self.max_images, self.cutoff)
+        else:
+            allowed = ((table == 0) | pbc[None, :]).all(dim=1)
+            receivers, senders, image = pair_list(pos, table @ cell, allowed, self.cutoff)
         shifts = table.index_select(0, image)
         energy = structure_energy(model, pos, types.clamp_min(0), cell[None], shifts, receivers, senders)
         (grad,) = torch.autograd.grad(energy, positions)
@@ -134,15 +143,33 @@ def _example(atoms, dtype: torch.dtype, device: torch.device):
     )
 
 
+def default_neighbours(device: str | torch.device) -> str:
+    """The package's neighbour search when none is named: ``cells`` on the CPU, ``all-pairs``
+    on CUDA (the binned search's data-dependent bin width has not yet run in a CUDA package)."""
+    return "cells" if torch.device(device).type == "cpu" else "all-pairs"
+
+
 def build_aoti_graph(
-    model: FlashCartPotential, atoms, dtype: torch.dtype, device: str, max_images: int | None = None, triton: bool = False
+    model: FlashCartPotential,
+    atoms,
+    dtype: torch.dtype,
+    device: str,
+    max_images: int | None = None,
+    triton: bool = False,
+    neighbours: str | None = None,
 ):
     """``(exported program, example inputs, metadata)`` for :func:`export_aoti`.
 
     ``triton=False`` traces the generated PyTorch backend on CUDA too (inductor then writes
     its own kernels for it); ``triton=True`` traces a ``use_triton`` model's Triton kernels.
+    ``neighbours``: ``cells`` (bins a cutoff wide, time linear in the atoms,
+    :func:`~flashcart.export.neighbors.binned_pair_list`) or ``all-pairs`` (the dense test,
+    N² x images); ``None``: :func:`default_neighbours`.
     """
     device = torch.device(device)
+    neighbours = default_neighbours(device) if neighbours is None else neighbours
+    if neighbours not in NEIGHBOURS:
+        raise ValueError(f"neighbours must be one of {', '.join(NEIGHBOURS)}, got {neighbours!r}")
     cutoff = float(model.r_max)
     need = required_images(atoms, cutoff)
     if max_images is None:
@@ -159,7 +186,7 @@ def build_aoti_graph(
     )
     use_triton = triton and bool(model.options.get("use_triton")) and device.type == "cuda"
     frozen = frozen_copy(model, dtype, device, use_triton=use_triton)
-    fn = _EnergyForces(frozen, images, hint)
+    fn = _EnergyForces(frozen, images, hint, neighbours)
     example = _example(atoms, dtype, device)
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -174,6 +201,7 @@ def build_aoti_graph(
         "dtype": str(dtype).replace("torch.", ""),
         "device": device.type,
         "max_images": json.dumps(list(images)),
+        "neighbours": neighbours,
         "units": "positions and cell in Angstrom, energy in eV, forces in eV/Angstrom",
     }
     return program, example, metadata
@@ -189,6 +217,7 @@ def export_aoti(
     inductor_configs: dict | None = None,
     triton: bool = False,
     check_load: bool = True,
+    neighbours: str | None = None,
 ) -> Path:
     """Compile the package for ``model`` (example structure ``atoms``) and write it to ``path`` atomically.
 
@@ -197,7 +226,7 @@ def export_aoti(
     energy or forces differ from the model's (the Predictor on the generated PyTorch backend, same
     dtype and device) by more than :data:`CHECK_TOLERANCE` (relative).
     """
-    program, _, metadata = build_aoti_graph(model, atoms, dtype, device, max_images, triton)
+    program, _, metadata = build_aoti_graph(model, atoms, dtype, device, max_images, triton, neighbours)
     # Inductor re-derives the bound of the pair count (the neighbour list's nonzero) from the
     # export structure's sizes, not the symbolic ones, and asserts it at run time: a package
     # exported on 24 atoms refused 648 ("Expected u0 <= 15552"). The graph's own checks on the

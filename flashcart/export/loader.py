@@ -54,6 +54,7 @@ class ExportedPotential:
         self.elements = json.loads(meta["elements"])
         self.cutoff = float(meta["cutoff"])
         self.max_images = json.loads(meta["max_images"])
+        self.neighbours = meta.get("neighbours", "all-pairs")  # packages before the binned search tested all pairs
         self.dtype = getattr(torch, meta["dtype"])
         self.device = torch.device(meta["device"])
         if device is not None and torch.device(device).type != self.device.type:

@@ -7,6 +7,10 @@ needs. Positions are first wrapped into the cell along periodic directions (a sh
 lattice vectors: it changes neither the energy nor ``d energy / d positions``), so the
 image range that the cell's face distances call for is always enough.
 
+:func:`binned_pair_list` finds the same pairs in time linear in the atom count: atoms are
+sorted into bins at least one cutoff wide, and each atom tests only the atoms of the
+neighbouring bins (``.pt2`` packages; the dense test's time grows as N² x images).
+
 Units are those of the caller (Å inside FlashCart's graphs); shapes as documented.
 """
 
@@ -15,7 +19,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["reciprocal_rows", "images_needed", "image_table", "wrap_positions", "pair_list"]
+__all__ = ["reciprocal_rows", "images_needed", "image_table", "wrap_positions", "pair_list", "binned_pair_list"]
+
+# Bins per axis at most (a huge, sparse non-periodic extent: wider bins, never an int64 overflow
+# of the bin id).
+MAX_BINS_PER_AXIS = 1 << 20
 
 
 def reciprocal_rows(cell: Tensor) -> Tensor:
@@ -72,3 +80,72 @@ def pair_list(positions: Tensor, offsets: Tensor, allowed: Tensor, cutoff: float
     mask = (r2 < cutoff * cutoff) & allowed[None, :, None] & ~itself
     idx = mask.nonzero()
     return idx[:, 0], idx[:, 2], idx[:, 1]
+
+
+def binned_pair_list(
+    positions: Tensor, cell: Tensor, recip: Tensor, periodic: Tensor, max_images: tuple[int, int, int], cutoff: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The pairs of :func:`pair_list` (over ``image_table(*max_images)``) found through bins.
+
+    Args:
+        positions: ``[N, 3]``, wrapped into the cell along periodic directions
+            (:func:`wrap_positions`).
+        cell: ``[3, 3]`` lattice vectors (rows); only its periodic rows are used.
+        recip: ``[3, 3]`` :func:`reciprocal_rows` of the cell (of any non-singular cell whose
+            periodic rows are the lattice vectors: along non-periodic directions it only
+            orients the bins).
+        periodic: ``[3]`` bool.
+        max_images: images on each side along each lattice vector that the pairs may use
+            (the caller checks that the structure needs no more).
+        cutoff: pairs with distance ``< cutoff``; an atom is never its own neighbour in the zero image.
+
+    Returns ``(receivers [E], senders [E], image index [E])`` into ``image_table(*max_images)``,
+    grouped by receiver.
+
+    Along each lattice direction the atoms' fractional range (the unit interval if periodic)
+    is cut into ``max(1, floor(length / cutoff))`` bins, so a bin is at least a cutoff wide
+    between its faces, except the single bin of a periodic cell thinner than the cutoff, whose
+    images the offsets ``-max_images..max_images`` reach. A neighbour within the cutoff is then
+    in a bin at most one step (or, in that thin cell, one image) away. Each atom tests every
+    atom of the bins at offsets ``-R..R`` (``R = max(1, max_images)`` per direction), up to the
+    most populated bin's count (a data-dependent size); offsets past a periodic cell's ends
+    wrap into images, past a non-periodic range's ends they are skipped.
+    """
+    n = positions.shape[0]
+    dev, dtype = positions.device, positions.dtype
+    frac = positions @ recip.T  # [N, 3]
+    face = 1.0 / torch.linalg.vector_norm(recip, dim=1)  # [3] distance between opposite faces
+    lo = torch.where(periodic, torch.zeros_like(face), frac.min(dim=0).values)
+    span = torch.where(periodic, torch.ones_like(face), (frac.max(dim=0).values - lo).clamp_min(1e-12))
+    nb = torch.floor(span * face / cutoff).clamp(1, 1048576).to(torch.int64)  # [3] bins per axis (MAX_BINS_PER_AXIS)
+    b = torch.floor((frac - lo) / span * nb.to(dtype)).to(torch.int64)
+    b = torch.minimum(b.clamp_min(0), nb - 1)  # [N, 3]; rounding at the faces stays inside
+    ids = (b[:, 0] * nb[1] + b[:, 1]) * nb[2] + b[:, 2]
+    sorted_ids, order = torch.sort(ids)
+    offsets = image_table(max(1, max_images[0]), max(1, max_images[1]), max(1, max_images[2]), torch.int64, dev)  # [O, 3]
+    target = b[:, None, :] + offsets[None, :, :]  # [N, O, 3] bins, before wrapping
+    image = torch.where(periodic, torch.div(target, nb, rounding_mode="floor"), torch.zeros_like(target))
+    inside = target - image * nb  # [N, O, 3] bins in the cell
+    limit = torch.tensor([max_images[0], max_images[1], max_images[2]], dtype=torch.int64, device=dev)
+    ok = torch.where(periodic, image.abs() <= limit, (target >= 0) & (target < nb)).all(dim=-1)  # [N, O]
+    tid = (inside[..., 0] * nb[1] + inside[..., 1]) * nb[2] + inside[..., 2]
+    tid = torch.where(ok, tid, torch.zeros_like(tid)).reshape(-1)
+    start = torch.searchsorted(sorted_ids, tid).reshape(n, -1)
+    count = torch.where(ok, torch.searchsorted(sorted_ids, tid, right=True).reshape(n, -1) - start, torch.zeros_like(start))
+    width = count.max().item()  # the most atoms any (atom, bin) pair tests (data-dependent under tracing)
+    if not torch.jit.is_scripting():
+        torch._check(width >= 0)
+    slot = torch.arange(width, device=dev)
+    j = order.index_select(0, (start[:, :, None] + slot).clamp(max=n - 1).reshape(-1)).reshape(n, -1, width)  # [N, O, W]
+    shift = image.to(dtype) @ cell  # [N, O, 3]
+    d = positions.index_select(0, j.reshape(-1)).reshape(n, -1, width, 3) + shift[:, :, None, :] - positions[:, None, None, :]
+    r2 = (d * d).sum(-1)
+    itself = (j == torch.arange(n, device=dev)[:, None, None]) & (image == 0).all(dim=-1)[:, :, None]
+    mask = (slot < count[:, :, None]) & (r2 < cutoff * cutoff) & ~itself
+    idx = mask.nonzero()
+    receivers, o = idx[:, 0], idx[:, 1]
+    senders = j[receivers, o, idx[:, 2]]
+    img = image[receivers, o]  # [E, 3]
+    side = 2 * limit + 1
+    shifted = img + limit
+    return receivers, senders, (shifted[:, 0] * side[1] + shifted[:, 1]) * side[2] + shifted[:, 2]

@@ -10,6 +10,8 @@ kJ/mol`` for the atoms (and their order) of the structure it was exported for. F
   control flow that depends on the data; sizes (atoms, edges) stay symbolic, which
   ``tests/export`` checks by evaluating other structures than the traced one.
 * The neighbour list and the unit conversions are scripted (``torch.jit.script``) around it.
+  From :data:`BINNED_FROM_ATOMS` atoms (or with ``neighbours="cells"``) the list is found
+  through bins a cutoff wide, below by the dense all-pairs test.
   Periodic exports wrap positions into the box given on each call and enumerate every image
   within the cutoff from that box, so a box that changes between calls (NPT, a Monte Carlo
   barostat) is handled exactly; the box may be smaller than twice the cutoff.
@@ -30,9 +32,14 @@ from ..model.potential import FlashCartPotential
 from ..units import ANGSTROM_PER_NM, KJ_PER_MOL_PER_EV
 from ..utils.io import atomic_write
 from .model import frozen_copy, structure_energy
-from .neighbors import image_table, images_needed, pair_list, reciprocal_rows, wrap_positions
+from .neighbors import binned_pair_list, image_table, images_needed, pair_list, reciprocal_rows, wrap_positions
 
-__all__ = ["export_torchscript", "TorchForceModule", "EV_TO_KJ_PER_MOL", "NM_TO_ANGSTROM"]
+__all__ = ["export_torchscript", "TorchForceModule", "EV_TO_KJ_PER_MOL", "NM_TO_ANGSTROM", "BINNED_FROM_ATOMS", "default_neighbours"]
+
+# From this many atoms a file finds neighbours through bins (binned_pair_list). The `.pt2`
+# packages of benchmarks/pt2_scaling.py (this machine's CPU, 2026-12-01) broke even near 200
+# atoms: 0.7 against 0.3 ms at 24 atoms, 10 against 22 ms at 648.
+BINNED_FROM_ATOMS = 256
 
 EV_TO_KJ_PER_MOL = KJ_PER_MOL_PER_EV
 NM_TO_ANGSTROM = ANGSTROM_PER_NM
@@ -64,8 +71,10 @@ class TorchForceModule(torch.nn.Module):
         cutoff: float,
         periodic: bool,
         dtype: torch.dtype,
+        binned: bool = False,
     ):
         super().__init__()
+        self.binned = binned  # binned_pair_list instead of the dense pair_list
         self.energy = energy
         self.register_buffer("types", types)
         self.register_buffer("atomic_numbers", numbers)  # the exported structure's atoms, in order
@@ -96,7 +105,7 @@ class TorchForceModule(torch.nn.Module):
                 raise RuntimeError("flashcart export: singular periodic box " + str(box))
             pos = wrap_positions(pos, cell, recip, torch.ones(3, dtype=self.dtype, device=pos.device))
             n = images_needed(recip, self.cutoff)
-            table = image_table(int(n[0]), int(n[1]), int(n[2]), self.dtype, pos.device)
+            images = (int(n[0]), int(n[1]), int(n[2]))
         else:
             if box is not None:
                 raise RuntimeError(
@@ -104,9 +113,15 @@ class TorchForceModule(torch.nn.Module):
                     "(TorchForce.setUsesPeriodicBoundaryConditions(False)), re-export with a periodic --structure"
                 )
             cell = torch.zeros(3, 3, dtype=self.dtype, device=pos.device)
-            table = torch.zeros(1, 3, dtype=self.dtype, device=pos.device)
-        allowed = torch.ones(table.shape[0], dtype=torch.bool, device=pos.device)
-        receivers, senders, image = pair_list(pos, table @ cell, allowed, self.cutoff)
+            recip = torch.eye(3, dtype=self.dtype, device=pos.device)  # orients the bins only
+            images = (0, 0, 0)
+        table = image_table(images[0], images[1], images[2], self.dtype, pos.device)
+        if self.binned:
+            periodic = torch.full((3,), self.periodic, dtype=torch.bool, device=pos.device)
+            receivers, senders, image = binned_pair_list(pos, cell, recip, periodic, images, self.cutoff)
+        else:
+            allowed = torch.ones(table.shape[0], dtype=torch.bool, device=pos.device)
+            receivers, senders, image = pair_list(pos, table @ cell, allowed, self.cutoff)
         shifts = table.index_select(0, image)
         energy = self.energy(pos, self.types, cell[None], shifts, receivers, senders)
         return (energy * self.kj_per_mol_per_ev).to(positions.dtype)
@@ -128,12 +143,25 @@ def _example_inputs(model: FlashCartPotential, atoms, dtype: torch.dtype, device
     )
 
 
-def build_torchscript(model: FlashCartPotential, atoms, dtype: torch.dtype = torch.float32, device: str = "cpu") -> torch.jit.ScriptModule:
+def default_neighbours(n_atoms: int) -> str:
+    """The file's neighbour search when none is named: ``cells`` from :data:`BINNED_FROM_ATOMS`
+    atoms, ``all-pairs`` below (fewer operations where the dense test is cheap)."""
+    return "cells" if n_atoms >= BINNED_FROM_ATOMS else "all-pairs"
+
+
+def build_torchscript(
+    model: FlashCartPotential, atoms, dtype: torch.dtype = torch.float32, device: str = "cpu", neighbours: str | None = None
+) -> torch.jit.ScriptModule:
     """The scripted :class:`TorchForceModule` for the atoms of ``atoms`` (an ``ase.Atoms``).
 
     ``atoms.pbc`` must be all True (a periodic box) or all False: OpenMM boxes are periodic
-    in every direction.
+    in every direction. ``neighbours``: ``cells`` (:func:`~flashcart.export.neighbors.binned_pair_list`),
+    ``all-pairs`` (:func:`~flashcart.export.neighbors.pair_list`) or ``None``
+    (:func:`default_neighbours`).
     """
+    neighbours = default_neighbours(len(atoms)) if neighbours is None else neighbours
+    if neighbours not in ("cells", "all-pairs"):
+        raise ValueError(f"neighbours must be cells or all-pairs, got {neighbours!r}")
     pbc = [bool(p) for p in atoms.pbc]
     if any(pbc) and not all(pbc):
         raise ValueError(f"TorchScript export: the structure is periodic along {pbc}; OpenMM boxes are periodic in all three directions")
@@ -146,13 +174,22 @@ def build_torchscript(model: FlashCartPotential, atoms, dtype: torch.dtype = tor
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         traced = torch.jit.trace(_Energy(frozen), example, check_trace=False)
     numbers = torch.tensor(atoms.numbers, dtype=torch.long, device=device)
-    module = TorchForceModule(traced, example[1], numbers, list(frozen.elements), float(frozen.r_max), all(pbc), dtype)
+    module = TorchForceModule(
+        traced, example[1], numbers, list(frozen.elements), float(frozen.r_max), all(pbc), dtype, binned=neighbours == "cells"
+    )
     return torch.jit.script(module)
 
 
-def export_torchscript(model: FlashCartPotential, atoms, path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Path:
+def export_torchscript(
+    model: FlashCartPotential,
+    atoms,
+    path: str | Path,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    neighbours: str | None = None,
+) -> Path:
     """Write :func:`build_torchscript`'s module to ``path`` (atomically); returns the path."""
-    scripted = build_torchscript(model, atoms, dtype, device)
+    scripted = build_torchscript(model, atoms, dtype, device, neighbours)
     path = Path(path)
     atomic_write(path, lambda h: torch.jit.save(scripted, h), binary=True)
     return path

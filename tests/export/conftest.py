@@ -123,3 +123,15 @@ def package64(small_model, tmp_path_factory):
         mp.setattr(flashcart.export, "export_aoti", functools.partial(flashcart.export.export_aoti, inductor_configs=FAST_COMPILE))
         assert export_main(argv + ["--dtype", "float64", "--max-images", "2", "--no-progress"]) == 0
     return out
+
+
+@pytest.fixture(scope="session")
+def package64_all_pairs(small_model, tmp_path_factory):
+    """As ``package64`` (whose CPU default is the binned search), with the dense all-pairs search
+    (the CUDA default)."""
+    tmp = tmp_path_factory.mktemp("aoti_all_pairs")
+    out = tmp / "ethanol.pt2"
+    flashcart.export.export_aoti(
+        small_model, ethanol(), out, torch.float64, max_images=2, inductor_configs=FAST_COMPILE, neighbours="all-pairs"
+    )
+    return out

@@ -68,7 +68,10 @@ RUNNER = textwrap.dedent(
 )
 
 
-def test_package_without_flashcart_matches_predictor(small_model, package64, tmp_path):
+@pytest.mark.parametrize("package", ["package64", "package64_all_pairs"])
+def test_package_without_flashcart_matches_predictor(small_model, package, tmp_path, request):
+    """Both neighbour searches (binned, the CPU default; all pairs, the CUDA default)."""
+    package64 = request.getfixturevalue(package)
     cases = _cases()
     inputs = {
         name: (
@@ -103,15 +106,19 @@ def test_package_without_flashcart_matches_predictor(small_model, package64, tmp
     assert isinstance(unknown, str) and "outside the model's elements ['H', 'C', 'O', 'Cu']" in unknown
 
 
-def test_a_structure_with_more_pairs_than_the_export_structure_has_candidates(small_model, tmp_path):
+@pytest.mark.parametrize("neighbours", ["cells", "all-pairs"])
+def test_a_structure_with_more_pairs_than_the_export_structure_has_candidates(small_model, tmp_path, neighbours):
     """Inductor bounded the number of pairs by the export structure's all-pairs count (24 atoms
     x 27 images = 15,552 for a small periodic water box) and refused anything larger at run time
     ("Expected u0 <= 15552 but received 17450"); the export switches those scalar assertions
-    off, so the package takes any size."""
+    off, so the package takes any size, with either neighbour search."""
     from ..simulation.systems import pairs_within, water_box
 
     small, large = water_box(n_side=2), water_box(n_side=6)
-    path = export_aoti(small_model, small, tmp_path / "water.pt2", torch.float64, max_images=1, inductor_configs=FAST_COMPILE)
+    path = export_aoti(
+        small_model, small, tmp_path / "water.pt2", torch.float64, max_images=1, inductor_configs=FAST_COMPILE, neighbours=neighbours
+    )
+    assert load_exported(path).neighbours == neighbours
     assert pairs_within(large, small_model.r_max) > len(small) ** 2 * 27
     energy, forces = load_exported(path)(large.positions, large.numbers, large.cell.array, large.pbc)
     assert_matches(energy, forces, *predictor_reference(small_model, large), 1e-10, f"{len(large)}-atom water")

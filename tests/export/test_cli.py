@@ -58,6 +58,9 @@ def test_missing_structure_and_bad_options(checkpoint, structure, tmp_path, caps
     _fails(capsys, base + ["--structure", structure, "--device", "tpu"], "--device must be cpu or cuda", out)
     _fails(capsys, base + ["--structure", structure, "--max-images", "2"], "--max-images applies to --format aoti only", out)
     _fails(capsys, base + ["--structure", structure, "--triton"], "--triton applies to --format aoti --device cuda only", out)
+    _fails(
+        capsys, base + ["--structure", structure, "--neighbours", "kd-tree"], "--neighbours must be cells or all-pairs, got 'kd-tree'", out
+    )
     wrong = tmp_path / "m.pt2"
     _fails(capsys, [checkpoint, "--format", "torchscript", "--structure", structure, "-o", wrong], "must end in .pt", wrong)
 
@@ -76,12 +79,15 @@ def test_torchscript_end_to_end(model, checkpoint, structure, tmp_path, capsys):
                 str(out),
                 "--dtype",
                 "float64",
+                "--neighbours",
+                "cells",
                 "--no-progress",
             ]
         )
         == 0
     )
     assert "wrote" in capsys.readouterr().out
+    assert torch.jit.load(str(out)).binned  # --neighbours reached the file (ethanol alone would get all-pairs)
     pot = load_exported(out)
     atoms = perturbed(ethanol(), 11)
     assert_matches(

@@ -25,18 +25,30 @@ def _torchforce_call(module, atoms, dtype=torch.float64):
     return energy.detach() / EV_TO_KJ_PER_MOL, -grad / (10.0 * EV_TO_KJ_PER_MOL)
 
 
-@pytest.fixture(scope="module")
-def molecule_module(model, tmp_path_factory):
+# Both neighbour searches: the dense one (the default below BINNED_FROM_ATOMS atoms, as here)
+# and the binned one (the default from there).
+@pytest.fixture(scope="module", params=["all-pairs", "cells"])
+def molecule_module(model, tmp_path_factory, request):
     path = tmp_path_factory.mktemp("ts") / "ethanol.pt"
-    export_torchscript(model, ethanol(), path, torch.float64)
+    export_torchscript(model, ethanol(), path, torch.float64, neighbours=request.param)
     return torch.jit.load(str(path)), path
 
 
-@pytest.fixture(scope="module")
-def crystal_module(model, tmp_path_factory):
+@pytest.fixture(scope="module", params=["all-pairs", "cells"])
+def crystal_module(model, tmp_path_factory, request):
     path = tmp_path_factory.mktemp("ts") / "crystal.pt"
-    export_torchscript(model, crystal(), path, torch.float64)
+    export_torchscript(model, crystal(), path, torch.float64, neighbours=request.param)
     return torch.jit.load(str(path)), path
+
+
+def test_the_default_search_follows_the_atom_count(model):
+    from flashcart.export.torchscript import BINNED_FROM_ATOMS, default_neighbours
+
+    assert default_neighbours(BINNED_FROM_ATOMS - 1) == "all-pairs" and default_neighbours(BINNED_FROM_ATOMS) == "cells"
+    assert build_torchscript(model, ethanol(), torch.float64).binned is False
+    assert build_torchscript(model, ethanol(), torch.float64, neighbours="cells").binned is True
+    with pytest.raises(ValueError, match="neighbours must be cells or all-pairs, got 'kd-tree'"):
+        build_torchscript(model, ethanol(), torch.float64, neighbours="kd-tree")
 
 
 def test_molecule_float64_matches_predictor_at_new_positions(model, molecule_module):
@@ -145,14 +157,15 @@ def test_evaluator_interface(model, molecule_module):
     assert pot.neighbor_list_builds == 1
 
 
-def test_isolated_atoms(model):
+@pytest.mark.parametrize("neighbours", ["all-pairs", "cells"])
+def test_isolated_atoms(model, neighbours):
     """No pair within the cutoff: the energy of the isolated atoms (additive), zero forces."""
     from ase import Atoms
 
     far = Atoms("COH", positions=[[0, 0, 0], [9.0, 0, 0], [0, 9.5, 0]])
     results = []
     for atoms in (far, far[:1], far[1:2], far[2:]):
-        module = build_torchscript(model, atoms, torch.float64)
+        module = build_torchscript(model, atoms, torch.float64, neighbours=neighbours)
         results.append(_torchforce_call(module, atoms))
     energy, forces = results[0]
     assert float(forces.abs().max()) == 0.0
