@@ -3,10 +3,10 @@
 With ``--neighbours all-pairs`` the package builds its neighbour list from all pairs and every
 periodic image it enumerates (``flashcart.export.neighbors.pair_list``), so its time grows as
 ``N^2 x images``; ``cells`` (the CPU default) bins the atoms
-(``flashcart.export.neighbors.binned_pair_list``). This exports one small model once (the export tests' ``SMALL`` options, float32, a periodic
-water box, one image per side) and runs the package on water boxes of growing size, each in a
-fresh process: seconds per call (median of ``--repeat``) and the process's peak memory (CPU:
-its maximum resident set; CUDA: the caching allocator's peak).
+(``flashcart.export.neighbors.binned_pair_list``). For each search this exports one small
+model once (the export tests' ``SMALL`` options, float32, a periodic water box, one image per
+side) and runs the package on water boxes of growing size, each in a fresh process: seconds
+per call (median of ``--repeat``) and the process's peak memory (CPU: its maximum resident set; CUDA: the caching allocator's peak).
 
     python benchmarks/pt2_scaling.py --device cpu --sides 2 3 4 5 --neighbours cells all-pairs
 """
