@@ -40,8 +40,10 @@
 #   pt2dump  one GPU: the Triton .pt2's generated sources and inductor's log; weight-gradient split rules
 #   final2   one GPU: the CUDA .pt2 tests after the energy fix, Triton parity (weight-gradient
 #            splits), the training-step kernel profile with the new split rule
-#   pt2check one GPU, the next session's first call: the Triton .pt2 test alone after the energy fix,
-#            the weight-gradient split tests, the training-step profile with the new split rule
+#   pt2check one GPU, the next session's first call: the Triton .pt2 test after the energy fix (dense
+#            and binned neighbour search), CUDA TorchScript with both searches, the weight-gradient
+#            split tests (about 9 minutes)
+#   trainprofile one GPU: both models' training-step kernel profiles (with the new weight-gradient split)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
 # Each GPU writes one log per part into OUT (the device tool returns at most 8 files).
@@ -313,15 +315,20 @@ final2)
   wait
   ;;
 pt2check)
-  gpu_tests 0 "tests/export/test_gpu_export.py::test_cuda_package_matches_predictor[dtype2-1e-05-True]:240" \
+  gpu_tests 0 "tests/export/test_gpu_export.py::test_cuda_package_matches_predictor[dtype2-1e-05-True-all-pairs]:200" \
+    "tests/export/test_gpu_export.py::test_cuda_package_matches_predictor[dtype3-1e-05-True-cells]:200" \
+    "tests/export/test_gpu_export.py::test_cuda_torchscript_matches_predictor:60" \
     "tests/cartesian/test_triton_parity.py::test_weight_gradient_split_rules:60" > "$out/tests.log" 2>&1
-  timeout 150 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases training --repeat 3 > "$out/kernel_profile_training.log" 2>&1
+  ;;
+trainprofile)
+  for m in i2c3f20l2r i3c3f64l2; do timeout 150 python3 benchmarks/kernel_profile.py --device cuda --model $m --phases training --repeat 3; done \
+    > "$out/kernel_profile_training.log" 2>&1
   ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, trainprofile or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

@@ -97,14 +97,18 @@ def main() -> None:
         if reference is None:
             reference = out
         diff = max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-30)) for pa, pb in zip(out, reference) for a, b in zip(pa, pb))
-        if cuda:
-            # replayed as a CUDA graph: the kernels' time, not Python's launches (as in compiled calls)
-            ms = triton.testing.do_bench_cudagraph(run, rep=200, return_mode="median")
-        else:
-            t0 = time.perf_counter()
-            run()
-            ms = (time.perf_counter() - t0) * 1e3
+        ms = _milliseconds(run, cuda)
         print(f"{raw:<16} {ms:>8.3f} {total_flop / (ms * 1e-3) / 1e12:>8.2f} {diff:>14.2e}")
+
+
+def _milliseconds(run, cuda: bool) -> float:
+    """Median ms of ``run()``: on CUDA replayed as a CUDA graph (the kernels' time, not Python's
+    launches, as in compiled calls); elsewhere one timed call (a smoke test)."""
+    if cuda:
+        return triton.testing.do_bench_cudagraph(run, rep=200, return_mode="median")
+    t0 = time.perf_counter()
+    run()
+    return (time.perf_counter() - t0) * 1e3
 
 
 def weight_grads(cases, flop: int, args) -> None:
@@ -125,12 +129,7 @@ def weight_grads(cases, flop: int, args) -> None:
         if reference is None:
             reference = out
         diff = max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-30)) for a, b in zip(out, reference))
-        if cuda:
-            ms = triton.testing.do_bench_cudagraph(run, rep=200, return_mode="median")
-        else:
-            t0 = time.perf_counter()
-            run()
-            ms = (time.perf_counter() - t0) * 1e3
+        ms = _milliseconds(run, cuda)
         print(f"{raw:<12} {str(splits):<40} {ms:>8.3f} {flop / (ms * 1e-3) / 1e12:>8.2f} {diff:>14.2e}")
     ops.WEIGHT_GRAD_SPLIT = ops.WeightGradSplit()  # the default rule again
 

@@ -38,7 +38,7 @@ from tests.export.test_gpu_export import _triton_model
 from tests.export.conftest import ethanol
 dtype = getattr(torch, sys.argv[2])
 try:
-    export_aoti(_triton_model(), ethanol(), sys.argv[1], dtype, "cuda", max_images=2, triton=sys.argv[3] == "1")
+    export_aoti(_triton_model(), ethanol(), sys.argv[1], dtype, "cuda", max_images=2, triton=sys.argv[3] == "1", neighbours=sys.argv[4])
 except RuntimeError as err:
     if "when loaded in a fresh process; nothing was written" not in str(err):
         raise
@@ -63,10 +63,19 @@ def _stage(name: str, code: str, *args, cwd, isolated: bool = False) -> str:
 # 2026-12-01); the export now compiles with a compiler that links libstdc++.so. If a package still
 # does not load, the export's load check must refuse it and write nothing; once it loads, it must
 # compute what the Predictor computes like the others.
-@pytest.mark.parametrize("dtype, tol, triton", [(torch.float64, 1e-10, False), (torch.float32, 1e-5, False), (torch.float32, 1e-5, True)])
-def test_cuda_package_matches_predictor(tmp_path, dtype, tol, triton):
+# neighbours="cells": the binned search (the CPU default), not yet the CUDA default.
+@pytest.mark.parametrize(
+    "dtype, tol, triton, neighbours",
+    [
+        (torch.float64, 1e-10, False, "all-pairs"),
+        (torch.float32, 1e-5, False, "all-pairs"),
+        (torch.float32, 1e-5, True, "all-pairs"),
+        (torch.float32, 1e-5, True, "cells"),
+    ],
+)
+def test_cuda_package_matches_predictor(tmp_path, dtype, tol, triton, neighbours):
     path = tmp_path / "m.pt2"
-    out = _stage("export", _EXPORT, path, str(dtype).replace("torch.", ""), int(triton), cwd=tmp_path)
+    out = _stage("export", _EXPORT, path, str(dtype).replace("torch.", ""), int(triton), neighbours, cwd=tmp_path)
     if "REFUSED" in out:
         assert triton and not path.exists() and not list(tmp_path.glob(".m.pt2*")), out
         assert "export without --triton" in out, out
@@ -107,9 +116,10 @@ def test_cuda_package_matches_predictor(tmp_path, dtype, tol, triton):
         assert_matches(energy, forces, *predictor_reference(make_model(), atoms, dtype), tol, name)
 
 
-def test_cuda_torchscript_matches_predictor(tmp_path):
+@pytest.mark.parametrize("neighbours", ["all-pairs", "cells"])
+def test_cuda_torchscript_matches_predictor(tmp_path, neighbours):
     model = make_model()
-    path = export_torchscript(model, crystal(), tmp_path / "c.pt", torch.float32, "cuda")
+    path = export_torchscript(model, crystal(), tmp_path / "c.pt", torch.float32, "cuda", neighbours=neighbours)
     pot = load_exported(path)
     assert pot.device.type == "cuda"
     atoms = perturbed(crystal(), 3, strain=0.03)
