@@ -117,7 +117,9 @@ def binned_pair_list(
     face = 1.0 / torch.linalg.vector_norm(recip, dim=1)  # [3] distance between opposite faces
     lo = torch.where(periodic, torch.zeros_like(face), frac.min(dim=0).values)
     span = torch.where(periodic, torch.ones_like(face), (frac.max(dim=0).values - lo).clamp_min(1e-12))
-    nb = torch.floor(span * face / cutoff).clamp(1, 1048576).to(torch.int64)  # [3] bins per axis (MAX_BINS_PER_AXIS)
+    # bins a little wider than the cutoff, so rounding in the fractional coordinates (float32)
+    # cannot put a pair within the cutoff two bins apart
+    nb = torch.floor(span * face / (cutoff * (1.0 + 1e-4))).clamp(1, 1048576).to(torch.int64)  # [3] (MAX_BINS_PER_AXIS)
     b = torch.floor((frac - lo) / span * nb.to(dtype)).to(torch.int64)
     b = torch.minimum(b.clamp_min(0), nb - 1)  # [N, 3]; rounding at the faces stays inside
     ids = (b[:, 0] * nb[1] + b[:, 1]) * nb[2] + b[:, 2]
