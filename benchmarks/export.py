@@ -7,6 +7,7 @@ exported as TorchScript (energy + autograd forces, as openmm-torch's TorchForce 
 and as an AOTInductor package (energy + forces, neighbour list inside).
 
     python benchmarks/export.py --device cpu --structures ethanol --config examples/ethanol/config.yaml
+    python benchmarks/export.py --device cpu --structures water --neighbours cells all-pairs   # both searches
     PYTHONPATH=. ~/.cache/flashcart-openmmtorch-venv/bin/python benchmarks/export.py --formats torchscript \
         --config examples/ethanol/config.yaml --openmm-platform CPU
     python benchmarks/export.py --device cuda --structures water diamond --r-max 6 \\
@@ -16,6 +17,7 @@ and as an AOTInductor package (energy + forces, neighbour list inside).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import tempfile
@@ -134,15 +136,15 @@ def bench(name: str, args) -> list[dict]:
         )
 
     with tempfile.TemporaryDirectory() as tmp:
-        for fmt, suffix in (("torchscript", ".pt"), ("aoti", ".pt2")):
+        for (fmt, suffix), search in itertools.product((("torchscript", ".pt"), ("aoti", ".pt2")), args.neighbours):
             if fmt not in args.formats:
                 continue
-            path = Path(tmp) / f"{name}{suffix}"
+            path = Path(tmp) / f"{name}-{search}{suffix}"
             t0 = time.perf_counter()
             if fmt == "torchscript":
-                export_torchscript(model, atoms, path, dtype, str(device))
+                export_torchscript(model, atoms, path, dtype, str(device), neighbours=search)
             else:
-                export_aoti(model, atoms, path, dtype, str(device), triton=args.triton, check_load=False)
+                export_aoti(model, atoms, path, dtype, str(device), triton=args.triton, check_load=False, neighbours=search)
             export_s = time.perf_counter() - t0  # tracing and compiling (the CLI also load-checks the package)
             pot = load_exported(path)
             numbers = torch.tensor(atoms.numbers, device=device)
@@ -171,7 +173,7 @@ def bench(name: str, args) -> list[dict]:
                 rows,
                 {
                     "structure": tag,
-                    "what": f"{fmt} ({suffix}, neighbour list inside{kernels}{agreement})",
+                    "what": f"{fmt} ({suffix}, {search} neighbour search inside{kernels}{agreement})",
                     "s_per_call": per_call(call, device, args.repeat),
                     "export_s": export_s,
                     "size_MB": path.stat().st_size / 1e6,
@@ -191,6 +193,13 @@ def main() -> None:
     p.add_argument("--r-max", type=float, default=None)
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--json", default=None, help="also write the rows here")
+    p.add_argument(
+        "--neighbours",
+        nargs="+",
+        default=["cells", "all-pairs"],
+        choices=["cells", "all-pairs"],
+        help="the exported files' neighbour searches to time (each format once per search)",
+    )
     p.add_argument(
         "--triton",
         action="store_true",
