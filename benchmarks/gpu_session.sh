@@ -43,6 +43,7 @@
 #   pt2check one GPU, the next session's first call: the Triton .pt2 test after the energy fix (dense
 #            and binned neighbour search), CUDA TorchScript with both searches, the weight-gradient
 #            split tests (about 9 minutes)
+#   pt2time  one GPU: the Triton .pt2 on water with each neighbour search, next to the Predictor
 #   trainprofile one GPU: both models' training-step kernel profiles (with the new weight-gradient split)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -290,7 +291,7 @@ export)
   ;;
 pt2energy)
   timeout 400 python3 benchmarks/diagnose_pt2_energy.py --package --zero-offsets > "$out/pt2_energy.log" 2>&1
-  gpu_tests 0 "$X::test_cuda_package_matches_predictor[dtype2-1e-05-True]:180" > "$out/tests_triton_pt2.log" 2>&1
+  gpu_tests 0 "$X::test_cuda_package_matches_predictor[dtype2-1e-05-True-all-pairs]:180" > "$out/tests_triton_pt2.log" 2>&1
   ;;
 morning)
   timeout 330 python3 benchmarks/diagnose_pt2_energy.py --package --zero-offsets > "$out/pt2_energy.log" 2>&1
@@ -320,6 +321,11 @@ pt2check)
     "tests/export/test_gpu_export.py::test_cuda_torchscript_matches_predictor:60" \
     "tests/cartesian/test_triton_parity.py::test_weight_gradient_split_rules:60" > "$out/tests.log" 2>&1
   ;;
+pt2time)
+  # the Triton .pt2 with each neighbour search on water, next to the Predictor (the 1.2x target)
+  timeout 560 python3 benchmarks/export.py --device cuda --structures water --formats aoti --triton --r-max 6 --repeat 50 --model $S \
+    --neighbours cells all-pairs > "$out/export.log" 2>&1
+  ;;
 trainprofile)
   for m in i2c3f20l2r i3c3f64l2; do timeout 150 python3 benchmarks/kernel_profile.py --device cuda --model $m --phases training --repeat 3; done \
     > "$out/kernel_profile_training.log" 2>&1
@@ -328,7 +334,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, trainprofile or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2time, trainprofile or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done
