@@ -59,6 +59,7 @@ def export(args: argparse.Namespace) -> Path:
     import torch
 
     from ..export import export_aoti, export_torchscript, read_structure
+    from ..export.neighbors import SEARCHES
     from ..model.checkpoint import load_checkpoint
     from ..utils.device import resolve_device
     from ..utils.progress import progress_bar
@@ -71,8 +72,8 @@ def export(args: argparse.Namespace) -> Path:
         raise ValueError(f"--device must be cpu or cuda, got {args.device!r}")
     if args.max_images is not None and args.format != "aoti":
         raise ValueError("--max-images applies to --format aoti only (TorchScript files enumerate images from each box)")
-    if args.neighbours not in (None, "cells", "all-pairs"):
-        raise ValueError(f"--neighbours must be cells or all-pairs, got {args.neighbours!r}")
+    if args.neighbours is not None and args.neighbours not in SEARCHES:
+        raise ValueError(f"--neighbours must be {' or '.join(SEARCHES)}, got {args.neighbours!r}")
     if args.triton and (args.format != "aoti" or args.device != "cuda"):
         raise ValueError("--triton applies to --format aoti --device cuda only (elsewhere the PyTorch backend is always used)")
     out = Path(args.output)

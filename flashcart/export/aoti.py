@@ -48,7 +48,7 @@ import torch
 from ..model.potential import FlashCartPotential
 from .compiler import configured_compiler, package_compiler
 from .model import frozen_copy, structure_energy
-from .neighbors import binned_pair_list, image_table, images_needed, pair_list, reciprocal_rows, wrap_positions
+from .neighbors import binned_pair_list, check_search, image_table, images_needed, pair_list, reciprocal_rows, wrap_positions
 
 __all__ = [
     "build_aoti_graph",
@@ -59,12 +59,10 @@ __all__ = [
     "default_neighbours",
     "CHECK_TOLERANCE",
     "FORMAT",
-    "NEIGHBOURS",
     "required_images",
 ]
 
 FORMAT = "flashcart-aoti-1"
-NEIGHBOURS = ("cells", "all-pairs")
 
 
 def required_images(atoms, cutoff: float) -> tuple[int, int, int]:
@@ -80,9 +78,7 @@ class _EnergyForces:
     """The traced function: ``(positions, atomic_numbers, cell, pbc) -> (energy, forces)``."""
 
     def __init__(self, model: FlashCartPotential, max_images: tuple[int, int, int], reexport_hint: str, neighbours: str = "all-pairs"):
-        if neighbours not in NEIGHBOURS:
-            raise ValueError(f"neighbours must be one of {', '.join(NEIGHBOURS)}, got {neighbours!r}")
-        self.neighbours = neighbours
+        self.neighbours = check_search(neighbours)
         self.model = model
         self.cutoff = float(model.r_max)
         self.max_images = max_images
@@ -167,9 +163,7 @@ def build_aoti_graph(
     N² x images); ``None``: :func:`default_neighbours`.
     """
     device = torch.device(device)
-    neighbours = default_neighbours(device) if neighbours is None else neighbours
-    if neighbours not in NEIGHBOURS:
-        raise ValueError(f"neighbours must be one of {', '.join(NEIGHBOURS)}, got {neighbours!r}")
+    neighbours = default_neighbours(device) if neighbours is None else check_search(neighbours)
     cutoff = float(model.r_max)
     need = required_images(atoms, cutoff)
     if max_images is None:

@@ -19,11 +19,26 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["reciprocal_rows", "images_needed", "image_table", "wrap_positions", "pair_list", "binned_pair_list"]
+__all__ = [
+    "reciprocal_rows",
+    "images_needed",
+    "image_table",
+    "wrap_positions",
+    "pair_list",
+    "binned_pair_list",
+    "SEARCHES",
+    "check_search",
+]
 
-# Bins per axis at most (a huge, sparse non-periodic extent: wider bins, never an int64 overflow
-# of the bin id).
-MAX_BINS_PER_AXIS = 1 << 20
+# The exported files' neighbour searches: binned_pair_list and pair_list.
+SEARCHES = ("cells", "all-pairs")
+
+
+def check_search(neighbours: str) -> str:
+    """``neighbours`` if it names one of :data:`SEARCHES`, else a ``ValueError`` naming it."""
+    if neighbours not in SEARCHES:
+        raise ValueError(f"neighbours must be {' or '.join(SEARCHES)}, got {neighbours!r}")
+    return neighbours
 
 
 def reciprocal_rows(cell: Tensor) -> Tensor:
@@ -118,8 +133,9 @@ def binned_pair_list(
     lo = torch.where(periodic, torch.zeros_like(face), frac.min(dim=0).values)
     span = torch.where(periodic, torch.ones_like(face), (frac.max(dim=0).values - lo).clamp_min(1e-12))
     # bins a little wider than the cutoff, so rounding in the fractional coordinates (float32)
-    # cannot put a pair within the cutoff two bins apart
-    nb = torch.floor(span * face / (cutoff * (1.0 + 1e-4))).clamp(1, 1048576).to(torch.int64)  # [3] (MAX_BINS_PER_AXIS)
+    # cannot put a pair within the cutoff two bins apart; at most 2**20 per axis (a huge, sparse
+    # non-periodic extent gets wider bins, never an int64 overflow of the bin id)
+    nb = torch.floor(span * face / (cutoff * (1.0 + 1e-4))).clamp(1, 1048576).to(torch.int64)  # [3]
     b = torch.floor((frac - lo) / span * nb.to(dtype)).to(torch.int64)
     b = torch.minimum(b.clamp_min(0), nb - 1)  # [N, 3]; rounding at the faces stays inside
     ids = (b[:, 0] * nb[1] + b[:, 1]) * nb[2] + b[:, 2]

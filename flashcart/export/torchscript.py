@@ -32,7 +32,7 @@ from ..model.potential import FlashCartPotential
 from ..units import ANGSTROM_PER_NM, KJ_PER_MOL_PER_EV
 from ..utils.io import atomic_write
 from .model import frozen_copy, structure_energy
-from .neighbors import binned_pair_list, image_table, images_needed, pair_list, reciprocal_rows, wrap_positions
+from .neighbors import binned_pair_list, check_search, image_table, images_needed, pair_list, reciprocal_rows, wrap_positions
 
 __all__ = ["export_torchscript", "TorchForceModule", "EV_TO_KJ_PER_MOL", "NM_TO_ANGSTROM", "BINNED_FROM_ATOMS", "default_neighbours"]
 
@@ -159,9 +159,7 @@ def build_torchscript(
     ``all-pairs`` (:func:`~flashcart.export.neighbors.pair_list`) or ``None``
     (:func:`default_neighbours`).
     """
-    neighbours = default_neighbours(len(atoms)) if neighbours is None else neighbours
-    if neighbours not in ("cells", "all-pairs"):
-        raise ValueError(f"neighbours must be cells or all-pairs, got {neighbours!r}")
+    neighbours = default_neighbours(len(atoms)) if neighbours is None else check_search(neighbours)
     pbc = [bool(p) for p in atoms.pbc]
     if any(pbc) and not all(pbc):
         raise ValueError(f"TorchScript export: the structure is periodic along {pbc}; OpenMM boxes are periodic in all three directions")

@@ -233,3 +233,9 @@ def test_float32_package(small_model, tmp_path):
         energy, forces = pot(atoms.positions, atoms.numbers, atoms.cell.array, atoms.pbc)
         assert forces.dtype == torch.float32
         assert_matches(energy, forces, *predictor_reference(small_model, atoms, torch.float32), 1e-5, atoms.get_chemical_formula())
+
+
+def test_an_unknown_neighbour_search_is_refused_and_nothing_is_written(small_model, tmp_path):
+    with pytest.raises(ValueError, match="neighbours must be cells or all-pairs, got 'kd-tree'"):
+        export_aoti(small_model, ethanol(), tmp_path / "m.pt2", torch.float64, neighbours="kd-tree")
+    assert list(tmp_path.iterdir()) == []

@@ -466,17 +466,27 @@ def direction_expansion(u: Tensor, l_max: int) -> Tensor:
 LINEAR_TILES = linear_tiles()
 
 
+def _uses_dot(t: Tensor) -> bool:
+    """Whether the grouped matmul multiplies with ``tl.dot`` (not for float64 on CUDA)."""
+    return t.dtype != torch.float64 or not t.is_cuda
+
+
+def _tiles(key: str, use_dot: bool):
+    """The tiles of linear map ``key``: ``FLASHCART_LINEAR_TILES`` if set, else its default."""
+    if LINEAR_TILES is not None:
+        return LINEAR_TILES
+    s = linear_spec(key)
+    return default_tiles(s.f_in, s.f_out, use_dot)
+
+
 def _launch_grouped(a: Tensor, b: Tensor, c: Tensor, table: Tensor, key: str, kind: int, n_rows: int, split: int = 1) -> None:
     """Run the grouped matmul of launch ``kind`` (forward / input grad / weight grad) on ``n_rows`` rows.
 
     ``table`` is the layer's launch table (``[3, groups, N_COLS]``, on the operands' device);
     the grid size comes from the key on the host, so nothing is read back or allocated.
     """
-    use_dot = c.dtype != torch.float64 or not c.is_cuda
-    t = LINEAR_TILES
-    if t is None:
-        s = linear_spec(key)
-        t = default_tiles(s.f_in, s.f_out, use_dot)
+    use_dot = _uses_dot(c)
+    t = _tiles(key, use_dot)
     tiles = n_tiles(key, kind, n_rows, t.bm, t.bn)
     if guard_or_false(tiles == 0):
         return
@@ -523,10 +533,7 @@ def weight_grad_split(key: str, n_rows, use_dot: bool = True):
     rule = WEIGHT_GRAD_SPLIT
     cap = MAX_WEIGHT_GRAD_SPLIT
     if rule.programs > 0:
-        t = LINEAR_TILES
-        if t is None:
-            s = linear_spec(key)
-            t = default_tiles(s.f_in, s.f_out, use_dot)
+        t = _tiles(key, use_dot)
         tiles = max(1, n_tiles(key, BWD_W, 0, t.bm, t.bn))  # the weight gradient's M and N do not grow with rows
         cap = min(cap, -(-rule.programs // tiles))
     return torch.sym_max(1, torch.sym_min(cap, n_rows // rule.rows))
@@ -582,7 +589,7 @@ def lin_bwd_w(gy: Tensor, x: Tensor, table: Tensor, key: str) -> Tensor:
     _check_table(table, key, gy)
     gy, x = gy.contiguous(), x.contiguous()
     n = gy.shape[0]
-    split = weight_grad_split(key, n, gy.dtype != torch.float64 or not gy.is_cuda)
+    split = weight_grad_split(key, n, _uses_dot(gy))
     gw = torch.empty(split, s.w_numel, dtype=gy.dtype, device=gy.device)
     if guard_or_false(n == 0):
         return gw.zero_().sum(0)
