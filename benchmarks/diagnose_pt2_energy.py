@@ -34,10 +34,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-class _Skipped(Exception):
-    pass
-
-
 def _others() -> dict:
     """Structures other than the exported one: the test's export structure and another molecule."""
     from tests.export.conftest import ethanol, other_molecule
@@ -79,15 +75,12 @@ def run(model, atoms, dtype, package: bool, device: torch.device, compile_stage:
         torch._inductor.config.cpp.simdlen = 1  # as the exports: an inductor CPU vectoriser assertion
     if not compile_stage:
         print("  4. exported program, torch.compile: skipped (--skip-compile)", flush=True)
-    try:
-        if not compile_stage:
-            raise _Skipped
-        result = torch.compile(module, fullgraph=False)(*example)
-        _compare(f"4. exported program, torch.compile ({time.perf_counter() - t0:.0f} s)", result, reference)
-    except _Skipped:
-        pass
-    except Exception as err:  # a diagnosis goes on to the package
-        print(f"  4. exported program, torch.compile: {type(err).__name__}: {str(err).splitlines()[0][:300]}", flush=True)
+    else:
+        try:
+            result = torch.compile(module, fullgraph=False)(*example)
+            _compare(f"4. exported program, torch.compile ({time.perf_counter() - t0:.0f} s)", result, reference)
+        except Exception as err:  # a diagnosis goes on to the package
+            print(f"  4. exported program, torch.compile: {type(err).__name__}: {str(err).splitlines()[0][:300]}", flush=True)
     if package:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "m.pt2"
