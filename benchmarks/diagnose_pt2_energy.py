@@ -14,7 +14,9 @@ against the reference (the Predictor on the generated PyTorch backend):
 
 each with the model's atomic energy offsets as they are and set to zero (``--zero-offsets``
 adds the second pass), so a wrong position-independent term shows up as a difference that
-disappears with the offsets.
+disappears with the offsets. (Found with it on 2026-12-01: only stage 5 was off, and
+``--dump``'s wrapper showed the final per-graph ``index_add`` lowered to an unmasked atomic add;
+the export now sums the site energies, see ``benchmarks/RESULTS.md``.)
 
     python benchmarks/diagnose_pt2_energy.py --package --zero-offsets
     python benchmarks/diagnose_pt2_energy.py --device cpu    # the script itself, on the CPU backend
