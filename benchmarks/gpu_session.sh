@@ -43,6 +43,8 @@
 #   pt2check one GPU, the next session's first call: the Triton .pt2 test after the energy fix (dense
 #            and binned neighbour search), CUDA TorchScript with both searches, the weight-gradient
 #            split tests (about 9 minutes)
+#   pt2cells one GPU: the CUDA packages with the binned search and the Triton one with all pairs, in
+#            parallel, beside i2c3f20l2r's training-step kernel profile
 #   pt2time  one GPU: the Triton .pt2 on water with each neighbour search, next to the Predictor
 #   trainprofile one GPU: both models' training-step kernel profiles (with the new weight-gradient split)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
@@ -321,6 +323,17 @@ pt2check)
     "tests/export/test_gpu_export.py::test_cuda_torchscript_matches_predictor:60" \
     "tests/cartesian/test_triton_parity.py::test_weight_gradient_split_rules:60" > "$out/tests.log" 2>&1
   ;;
+pt2cells)
+  # after the unbacked-slice fix: the CUDA packages with the binned search (inductor kernels, float64;
+  # Triton kernels), the Triton package with all pairs (the energy fix), in parallel (compiles take
+  # ~200 s or more each); beside them the training-step kernel profile (kernel times, not wall)
+  P="$X::test_cuda_package_matches_predictor"
+  gpu_tests 0 "$P[dtype1-1e-10-False-cells]:540" > "$out/tests_inductor_cells.log" 2>&1 &
+  gpu_tests 0 "$P[dtype3-1e-05-True-all-pairs]:540" > "$out/tests_triton_all_pairs.log" 2>&1 &
+  gpu_tests 0 "$P[dtype4-1e-05-True-cells]:540" > "$out/tests_triton_cells.log" 2>&1 &
+  timeout 200 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases training --repeat 3 > "$out/kernel_profile_training.log" 2>&1
+  wait
+  ;;
 pt2time)
   # the Triton .pt2 with each neighbour search on water, next to the Predictor (the 1.2x target)
   timeout 560 python3 benchmarks/export.py --device cuda --structures water --formats aoti --triton --r-max 6 --repeat 50 --model $S \
@@ -334,7 +347,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2time, trainprofile or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, pt2time, trainprofile or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from .aoti import FORMAT as AOTI_FORMAT
+from .neighbors import images_needed, reciprocal_rows
 from .torchscript import EV_TO_KJ_PER_MOL, NM_TO_ANGSTROM
 
 __all__ = ["load_exported", "ExportedPotential", "md_evaluator"]
@@ -102,8 +103,31 @@ class ExportedPotential:
             )
         self.neighbor_list_builds += 1  # the files build their neighbour list on every call
         if self.format == "aoti":
-            return self._runner(pos, z, c, p)
+            try:
+                return self._runner(pos, z, c, p)
+            except RuntimeError as err:
+                # torch 2.11's runner prints the package's own check message on stderr and raises
+                # a generic "API call failed"; name the cause here whatever the torch version
+                self._explain_refusal(z, c, p)
+                raise RuntimeError(f"{self.path}: the package refused the structure ({err})") from None
         return self._call_torchscript(pos, z, c, p)
+
+    def _explain_refusal(self, z: torch.Tensor, c: torch.Tensor, p: torch.Tensor) -> None:
+        """Raise ``ValueError`` for what a package checks: unknown elements, a singular periodic
+        cell, a cell that needs more periodic images than the package enumerates."""
+        self.check_numbers(z.cpu().numpy())
+        if not bool(p.any()):
+            return
+        cell = c.detach().to("cpu", torch.float64)
+        if abs(float(torch.linalg.det(cell))) < 1e-9:
+            raise ValueError(f"{self.path}: periodic structure with a singular cell")
+        need = [int(n) if bool(q) else 0 for n, q in zip(images_needed(reciprocal_rows(cell), self.cutoff).tolist(), p.cpu())]
+        if any(n > m for n, m in zip(need, self.max_images)):
+            raise ValueError(
+                f"{self.path}: the cell needs {need} periodic images along its lattice vectors, more than this package "
+                f"enumerates (max_images={self.max_images}, cutoff {self.cutoff} Å). Re-export with `flashcart-export "
+                "CHECKPOINT --format aoti --structure FILE --max-images K -o OUT`, K at least what your smallest cell needs."
+            )
 
     def evaluate(self, positions, numbers, cell=None, pbc=None, stress: bool = False):
         """The :class:`~flashcart.simulation.Evaluator` interface: an

@@ -45,10 +45,13 @@ def structure_energy(
     far = torch.eye(3, dtype=cell.dtype, device=cell.device) * (2.0 * model.r_max + 1.0)
     cells = torch.cat([cell, far[None]])
     zero = torch.zeros(1, dtype=receivers.dtype, device=receivers.device)
+    # the inert edge's graph index, then zeros: built from the unpadded receivers, not by slicing
+    # the padded ones (torch 2.11's inductor fails to lower a slice of a data-dependent size,
+    # KeyError 'unbacked_bindings', with the binned search's pair count)
+    edge_batch = torch.cat([zero + 1, torch.zeros_like(receivers)])
     receivers = torch.cat([zero, receivers])
     senders = torch.cat([zero, senders])
     shifts = torch.cat([far[:1] / far[0, 0], shifts])  # (1, 0, 0) in the far cell
-    edge_batch = torch.cat([zero + 1, torch.zeros_like(receivers[1:])])
     # The sum of the site energies, not the model's per-graph index_add: with the graph index a
     # constant zero, inductor (torch 2.11, CUDA, the Triton package) lowered that index_add to an
     # atomic add without its mask, so the lanes past the last atom of the last block each added

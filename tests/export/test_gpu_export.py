@@ -46,7 +46,7 @@ except RuntimeError as err:
 """
 
 
-def _stage(name: str, code: str, *args, cwd, isolated: bool = False) -> str:
+def _stage(name: str, code: str, *args, cwd, isolated: bool = False, stderr: bool = False) -> str:
     import subprocess
     import sys
     from pathlib import Path
@@ -55,7 +55,7 @@ def _stage(name: str, code: str, *args, cwd, isolated: bool = False) -> str:
     cmd = [sys.executable, *(["-I"] if isolated else []), "-X", "faulthandler", "-c", code, *map(str, args)]
     proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, f"stage {name!r} exited with {proc.returncode}:\n{proc.stderr[-6000:]}"
-    return proc.stdout
+    return proc.stdout + proc.stderr if stderr else proc.stdout
 
 
 # triton=True: the package with the Triton kernels compiled in crashed inside torch 2.11's
@@ -68,6 +68,7 @@ def _stage(name: str, code: str, *args, cwd, isolated: bool = False) -> str:
     "dtype, tol, triton, neighbours",
     [
         (torch.float64, 1e-10, False, "all-pairs"),
+        (torch.float64, 1e-10, False, "cells"),
         (torch.float32, 1e-5, False, "all-pairs"),
         (torch.float32, 1e-5, True, "all-pairs"),
         (torch.float32, 1e-5, True, "cells"),
@@ -102,11 +103,14 @@ def test_cuda_package_matches_predictor(tmp_path, dtype, tol, triton, neighbours
     }
     torch.save(inputs, tmp_path / "inputs.pt")
     # in a process where flashcart cannot be imported: the kernels are compiled into the package
-    _stage("load and run without flashcart", RUNNER, path, tmp_path / "inputs.pt", tmp_path / "out.pt", cwd=tmp_path, isolated=True)
+    said = _stage(
+        "load and run without flashcart", RUNNER, path, tmp_path / "inputs.pt", tmp_path / "out.pt", cwd=tmp_path, isolated=True, stderr=True
+    )
     results = torch.load(tmp_path / "out.pt")
     for name, atoms in cases.items():
         if name == "too small cell":
-            assert isinstance(results[name], str) and "more periodic images than this package enumerates" in results[name]
+            # torch 2.13 raises the package's message; torch 2.11 prints it on stderr, raises a generic error
+            assert isinstance(results[name], str) and "more periodic images than this package enumerates" in results[name] + said
             continue
         assert not isinstance(results[name], str), f"{name}: {results[name]}"
         energy, forces = results[name]
