@@ -44,7 +44,7 @@
 #            and binned neighbour search), CUDA TorchScript with both searches, the weight-gradient
 #            split tests (about 9 minutes)
 #   pt2cells one GPU: the CUDA packages with the binned search and the Triton one with all pairs, in
-#            parallel, beside i2c3f20l2r's training-step kernel profile
+#            parallel, beside i2c3f20l2r's training-step kernel profiles (eager, then compiled)
 #   pt2time  one GPU: the Triton .pt2 on water with each neighbour search, next to the Predictor
 #   trainprofile one GPU: both models' training-step kernel profiles (with the new weight-gradient split)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
@@ -331,7 +331,10 @@ pt2cells)
   gpu_tests 0 "$P[dtype1-1e-10-False-cells]:540" > "$out/tests_inductor_cells.log" 2>&1 &
   gpu_tests 0 "$P[dtype3-1e-05-True-all-pairs]:540" > "$out/tests_triton_all_pairs.log" 2>&1 &
   gpu_tests 0 "$P[dtype4-1e-05-True-cells]:540" > "$out/tests_triton_cells.log" 2>&1 &
-  timeout 200 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases training --repeat 3 > "$out/kernel_profile_training.log" 2>&1
+  timeout 170 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases training --repeat 3 > "$out/kernel_profile_training.log" 2>&1
+  # the kernels inductor writes for the compiled force call and training step (what reduce-overhead replays)
+  timeout 340 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --compile-mode default --repeat 5 --rows 40 \
+    > "$out/kernel_profile_compiled.log" 2>&1
   wait
   ;;
 pt2time)

@@ -20,6 +20,7 @@ kernels a CUDA graph replays)::
     python benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r
     python benchmarks/kernel_profile.py --device cuda --model i3c3f64l2 --repeat 5
     python benchmarks/kernel_profile.py --device cpu --model tiny --structure ethanol --repeat 1   # smoke test
+    python benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --compile-mode default   # inductor's kernels
 
 On the CPU the tables show CPU time instead (no kernels, no roofline). ``--host-profile N``
 also prints a cProfile of ``N`` more eager calls by own time: where the host time of an eager
@@ -100,9 +101,11 @@ def build(args, device: torch.device):
     return model, batch
 
 
-def calls(model, batch):
-    """The two measured calls: inference (energy + forces) and a training step."""
-    predictor = Predictor(model, compile=False, pad=False)
+def calls(model, batch, compile_mode: str | None = None):
+    """The two measured calls: inference (energy + forces) and a training step; eager kernels,
+    or with ``compile_mode`` the kernels inductor writes for the compiled Predictor (``default``:
+    the kernels a ``reduce-overhead`` CUDA graph replays, launched one by one)."""
+    predictor = Predictor(model, compile=compile_mode is not None, compile_mode=compile_mode or "default", pad=False)
     params = [p for p in model.parameters() if p.requires_grad]
 
     def inference():
@@ -142,16 +145,18 @@ def report(name: str, fn, device: torch.device, args, bandwidth: float | None) -
         fn()
     synchronize(device)
     counter = CountBytes()
-    with counter:
-        fn()
-    synchronize(device)
+    if not args.compile_mode:  # a compiled call's kernels are inductor's: no per-operation bytes
+        with counter:
+            fn()
+        synchronize(device)
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
         for _ in range(args.repeat):
             fn()
         synchronize(device)
-    print(f"\n=== {name}: {args.model} on {args.structure}, {args.repeat} profiled calls, times per call")
+    how = f"compiled ({args.compile_mode})" if args.compile_mode else "eager"
+    print(f"\n=== {name}: {args.model} on {args.structure}, {how}, {args.repeat} profiled calls, times per call")
     if cuda:
         kernels = _kernel_rows(prof, args.repeat, set(counter.calls))
         total = sum(us for _, us in kernels.values())
@@ -161,6 +166,9 @@ def report(name: str, fn, device: torch.device, args, bandwidth: float | None) -
         print(f"{'kernel':<64} {'launches':>8} {'ms':>8} {'share':>6}")
         for k, (n, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[: args.rows]:
             print(f"{k[:64]:<64} {n:>8.0f} {us / 1e3:>8.3f} {100 * us / total:>5.1f}%")
+    if args.compile_mode:
+        print(f"[memory] peak allocated {torch.cuda.max_memory_allocated(device) / 2**20:.0f} MiB" if cuda else "")
+        return
     events = prof.key_averages()
     key = "device_time_total" if cuda else "self_cpu_time_total"
     rows = []
@@ -217,6 +225,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--rows", type=int, default=30)
+    parser.add_argument(
+        "--compile-mode",
+        default=None,
+        choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs"],
+        help="profile the compiled Predictor's kernels (default: eager); 'default' launches the kernels a reduce-overhead graph replays",
+    )
     parser.add_argument("--host-profile", type=int, default=0, metavar="N", help="also cProfile N eager calls (host time)")
     args = parser.parse_args()
     if args.model not in MODELS:
@@ -233,7 +247,7 @@ def main() -> None:
         f"copy bandwidth={'-' if bw is None else f'{bw / 1e12:.2f} TB/s'} "
         f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '0')}"
     )
-    fns = calls(model, batch)
+    fns = calls(model, batch, args.compile_mode)
     for phase in args.phases:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
