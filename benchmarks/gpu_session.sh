@@ -45,6 +45,7 @@
 #            split tests (about 9 minutes)
 #   pt2cells one GPU: the CUDA packages with the binned search and the Triton one with all pairs, in
 #            parallel, beside i2c3f20l2r's training-step kernel profiles (eager, then compiled)
+#   csrtime  one GPU: compiled kernel profile after the CSR change, then the Triton .pt2 on water (both searches)
 #   pt2time  one GPU: the Triton .pt2 on water with each neighbour search, next to the Predictor
 #   trainprofile one GPU: both models' training-step kernel profiles (with the new weight-gradient split)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
@@ -337,6 +338,14 @@ pt2cells)
     > "$out/kernel_profile_compiled.log" 2>&1
   wait
   ;;
+csrtime)
+  # the compiled force call's and training step's kernels after the CSR change (binary searches,
+  # no sort-based index_put_), then the Triton .pt2 on water with each neighbour search (1.2x target)
+  timeout 180 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --compile-mode default --repeat 5 --rows 25 \
+    > "$out/kernel_profile_compiled.log" 2>&1
+  timeout 360 python3 benchmarks/export.py --device cuda --structures water --formats aoti --triton --r-max 6 --repeat 50 --model $S \
+    --neighbours cells all-pairs > "$out/export.log" 2>&1
+  ;;
 pt2time)
   # the Triton .pt2 with each neighbour search on water, next to the Predictor (the 1.2x target)
   timeout 560 python3 benchmarks/export.py --device cuda --structures water --formats aoti --triton --r-max 6 --repeat 50 --model $S \
@@ -350,7 +359,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, pt2time, trainprofile or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, pt2time, trainprofile or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

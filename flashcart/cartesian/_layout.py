@@ -29,11 +29,15 @@ def split_ranks(x: torch.Tensor, l_max: int, n_features: int, n_paths: list[int]
 def edge_csr(receivers: torch.Tensor, senders: torch.Tensor, n_nodes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(rowptr, perm, srowptr)``: receiver CSR, edges sorted by sender, and sender CSR.
 
-    Edges must be grouped by receiver. Shapes ``[n_nodes + 1]``, ``[E]``, ``[n_nodes + 1]``.
+    Edges must be sorted by receiver (ascending). Shapes ``[n_nodes + 1]``, ``[E]``, ``[n_nodes + 1]``.
     Static shapes only (``torch.compile``-friendly).
+
+    Row pointers are binary searches of the sorted indices, not counts: an integer
+    ``index_add`` has no atomic kernel in inductor, which falls back to ATen's sort-based
+    ``index_put_`` (two radix sorts and an ``indexing_backward_kernel`` per call on the H200).
     """
-    ones = torch.ones_like(receivers)
-    rowptr = torch.cumsum(torch.zeros(n_nodes + 1, dtype=receivers.dtype, device=receivers.device).index_add(0, receivers + 1, ones), 0)
-    perm = torch.argsort(senders, stable=True)
-    srowptr = torch.cumsum(torch.zeros(n_nodes + 1, dtype=senders.dtype, device=senders.device).index_add(0, senders + 1, ones), 0)
+    nodes = torch.arange(n_nodes + 1, dtype=receivers.dtype, device=receivers.device)
+    rowptr = torch.searchsorted(receivers, nodes)
+    sorted_senders, perm = torch.sort(senders, stable=True)
+    srowptr = torch.searchsorted(sorted_senders, nodes)
     return rowptr, perm, srowptr

@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help=(
             "the file's neighbour search: cells (bins a cutoff wide: time linear in the atoms) or all-pairs "
-            "(a dense N^2 x images test); default for aoti: cells on cpu, all-pairs on cuda; for torchscript: "
+            "(a dense N^2 x images test); default for aoti: cells; for torchscript: "
             "cells from 256 atoms"
         ),
     )

@@ -160,3 +160,24 @@ def test_linear_gradcheck_and_gradgradcheck():
         return torch.func.functional_call(lin, {f"weights.{i}": wi for i, wi in enumerate(ws)}, (x,))
 
     _gradchecks(fn, [x, *w])
+
+
+@pytest.mark.parametrize("n_nodes, n_edges", [(1, 0), (1, 3), (6, 1), (7, 40), (64, 2000)])
+def test_edge_csr_against_counts(n_nodes, n_edges):
+    """Row pointers (binary searches of the sorted indices) equal the counted ones; ``perm`` sorts
+    the edges by sender, stably; nodes without edges get empty rows."""
+    from flashcart.cartesian import edge_csr
+
+    g = torch.Generator().manual_seed(n_nodes * 1000 + n_edges)
+    receivers = torch.sort(torch.randint(0, max(1, n_nodes // 2), (n_edges,), generator=g)).values  # later nodes receive none
+    senders = torch.randint(0, n_nodes, (n_edges,), generator=g)
+    rowptr, perm, srowptr = edge_csr(receivers, senders, n_nodes)
+    count_r = torch.bincount(receivers, minlength=n_nodes)
+    count_s = torch.bincount(senders, minlength=n_nodes)
+    zero = torch.zeros(1, dtype=torch.long)
+    assert torch.equal(rowptr, torch.cat([zero, count_r.cumsum(0)]))
+    assert torch.equal(srowptr, torch.cat([zero, count_s.cumsum(0)]))
+    assert torch.equal(senders[perm], torch.sort(senders).values)
+    for node in range(n_nodes):  # stable: a sender's edges keep their order
+        mine = perm[srowptr[node] : srowptr[node + 1]]
+        assert torch.equal(mine, torch.sort(mine).values) and bool((senders[mine] == node).all())

@@ -127,8 +127,7 @@ def package64(small_model, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def package64_all_pairs(small_model, tmp_path_factory):
-    """As ``package64`` (whose CPU default is the binned search), with the dense all-pairs search
-    (the CUDA default)."""
+    """As ``package64`` (the default binned search), with the dense all-pairs search."""
     tmp = tmp_path_factory.mktemp("aoti_all_pairs")
     out = tmp / "ethanol.pt2"
     flashcart.export.export_aoti(

@@ -70,7 +70,7 @@ RUNNER = textwrap.dedent(
 
 @pytest.mark.parametrize("package", ["package64", "package64_all_pairs"])
 def test_package_without_flashcart_matches_predictor(small_model, package, tmp_path, request):
-    """Both neighbour searches (binned, the CPU default; all pairs, the CUDA default)."""
+    """Both neighbour searches (binned, the default; all pairs)."""
     package64 = request.getfixturevalue(package)
     cases = _cases()
     inputs = {
