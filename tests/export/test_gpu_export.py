@@ -104,7 +104,14 @@ def test_cuda_package_matches_predictor(tmp_path, dtype, tol, triton, neighbours
     torch.save(inputs, tmp_path / "inputs.pt")
     # in a process where flashcart cannot be imported: the kernels are compiled into the package
     said = _stage(
-        "load and run without flashcart", RUNNER, path, tmp_path / "inputs.pt", tmp_path / "out.pt", cwd=tmp_path, isolated=True, stderr=True
+        "load and run without flashcart",
+        RUNNER,
+        path,
+        tmp_path / "inputs.pt",
+        tmp_path / "out.pt",
+        cwd=tmp_path,
+        isolated=True,
+        stderr=True,
     )
     results = torch.load(tmp_path / "out.pt")
     for name, atoms in cases.items():
