@@ -46,6 +46,7 @@
 #   pt2cells one GPU: the CUDA packages with the binned search and the Triton one with all pairs, in
 #            parallel, beside i2c3f20l2r's training-step kernel profiles (eager, then compiled)
 #   csrtime  one GPU: compiled kernel profile after the CSR change, then the Triton .pt2 on water (both searches)
+#   modelgpu one GPU: tests/model's GPU tests (after the CSR change)
 #   pt2time  one GPU: the Triton .pt2 on water with each neighbour search, next to the Predictor
 #   trainprofile one GPU: both models' training-step kernel profiles (with the new weight-gradient split)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
@@ -346,6 +347,10 @@ csrtime)
   timeout 360 python3 benchmarks/export.py --device cuda --structures water --formats aoti --triton --r-max 6 --repeat 50 --model $S \
     --neighbours cells all-pairs > "$out/export.log" 2>&1
   ;;
+modelgpu)
+  # the model's GPU tests (Triton == PyTorch backend, compiled == eager) after the CSR change
+  gpu_tests 0 tests/model:130 > "$out/tests_model.log" 2>&1
+  ;;
 pt2time)
   # the Triton .pt2 with each neighbour search on water, next to the Predictor (the 1.2x target)
   timeout 560 python3 benchmarks/export.py --device cuda --structures water --formats aoti --triton --r-max 6 --repeat 50 --model $S \
@@ -359,7 +364,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, pt2time, trainprofile or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done
