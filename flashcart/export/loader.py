@@ -109,7 +109,7 @@ class ExportedPotential:
                 # torch 2.11's runner prints the package's own check message on stderr and raises
                 # a generic "API call failed"; name the cause here whatever the torch version
                 self._explain_refusal(z, c, p)
-                raise RuntimeError(f"{self.path}: the package refused the structure ({err})") from None
+                raise RuntimeError(f"{self.path}: the package failed on this structure ({err})") from None
         return self._call_torchscript(pos, z, c, p)
 
     def _explain_refusal(self, z: torch.Tensor, c: torch.Tensor, p: torch.Tensor) -> None:
