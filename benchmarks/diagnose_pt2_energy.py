@@ -64,7 +64,7 @@ def run(model, atoms, dtype, package: bool, device: torch.device, compile_stage:
     out = Predictor(tri)(collate([s], tri.z_to_type.to(device)).to(device, dtype))
     _compare("1. Predictor, Triton kernels (eager)", (out["energy"][0], out["forces"]), reference)
     example = _example(atoms, dtype, device)
-    fn = _EnergyForces(tri, (2, 2, 2), "")
+    fn = _EnergyForces(tri, (2, 2, 2))
     with torch.enable_grad():
         _compare("2. traced function (_EnergyForces), eager", fn(*[t.clone() for t in example]), reference)
     program, _, _ = build_aoti_graph(model, atoms, dtype, device.type, max_images=2, triton=True)

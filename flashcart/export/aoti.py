@@ -64,6 +64,12 @@ __all__ = [
 
 FORMAT = "flashcart-aoti-1"
 
+REEXPORT_HINT = (
+    "Re-export with `flashcart-export CHECKPOINT --format aoti --structure FILE --max-images K -o OUT`, "
+    "K at least what your smallest cell needs."
+)
+"""What a package (and :func:`~flashcart.export.load_exported`) says when a cell needs more images."""
+
 
 def required_images(atoms, cutoff: float) -> tuple[int, int, int]:
     """Images needed along each lattice vector of ``atoms`` (0 along non-periodic ones)."""
@@ -77,12 +83,11 @@ def required_images(atoms, cutoff: float) -> tuple[int, int, int]:
 class _EnergyForces:
     """The traced function: ``(positions, atomic_numbers, cell, pbc) -> (energy, forces)``."""
 
-    def __init__(self, model: FlashCartPotential, max_images: tuple[int, int, int], reexport_hint: str, neighbours: str = "all-pairs"):
+    def __init__(self, model: FlashCartPotential, max_images: tuple[int, int, int], neighbours: str = "all-pairs"):
         self.neighbours = check_search(neighbours)
         self.model = model
         self.cutoff = float(model.r_max)
         self.max_images = max_images
-        self.hint = reexport_hint
         self.elements = list(model.elements)
 
     def __call__(self, positions, numbers, cell, pbc):
@@ -113,7 +118,7 @@ class _EnergyForces:
             ~flags[2],
             f"flashcart package: the cell needs more periodic images than this package enumerates "
             f"(max_images={list(self.max_images)} along its lattice vectors, cutoff {self.cutoff} Å; a cell needs "
-            f"ceil(cutoff / distance between opposite faces) along each). {self.hint}",
+            f"ceil(cutoff / distance between opposite faces) along each). {REEXPORT_HINT}",
         )
         # ---- neighbour list and energy
         positions.requires_grad_(True)
@@ -175,13 +180,9 @@ def build_aoti_graph(
         if max_images < max(need):
             raise ValueError(f"max_images={max_images} is below what the export structure itself needs ({max(need)})")
         images = (max_images,) * 3
-    hint = (
-        "Re-export with `flashcart-export CHECKPOINT --format aoti --structure FILE --max-images K -o OUT`, "
-        "K at least what your smallest cell needs."
-    )
     use_triton = triton and bool(model.options.get("use_triton")) and device.type == "cuda"
     frozen = frozen_copy(model, dtype, device, use_triton=use_triton)
-    fn = _EnergyForces(frozen, images, hint, neighbours)
+    fn = _EnergyForces(frozen, images, neighbours)
     example = _example(atoms, dtype, device)
     from torch.fx.experimental.proxy_tensor import make_fx
 

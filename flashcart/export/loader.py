@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from .aoti import FORMAT as AOTI_FORMAT
+from .aoti import REEXPORT_HINT
 from .neighbors import images_needed, reciprocal_rows
 from .torchscript import EV_TO_KJ_PER_MOL, NM_TO_ANGSTROM
 
@@ -125,8 +126,7 @@ class ExportedPotential:
         if any(n > m for n, m in zip(need, self.max_images)):
             raise ValueError(
                 f"{self.path}: the cell needs {need} periodic images along its lattice vectors, more than this package "
-                f"enumerates (max_images={self.max_images}, cutoff {self.cutoff} Å). Re-export with `flashcart-export "
-                "CHECKPOINT --format aoti --structure FILE --max-images K -o OUT`, K at least what your smallest cell needs."
+                f"enumerates (max_images={self.max_images}, cutoff {self.cutoff} Å). {REEXPORT_HINT}"
             )
 
     def evaluate(self, positions, numbers, cell=None, pbc=None, stress: bool = False):
