@@ -136,17 +136,21 @@ def bench(name: str, args) -> list[dict]:
         )
 
     with tempfile.TemporaryDirectory() as tmp:
-        for (fmt, suffix), search in itertools.product((("torchscript", ".pt"), ("aoti", ".pt2")), args.neighbours):
+        kinds = [("torchscript", ".pt", "dynamic")] + [("aoti", ".pt2", c) for c in args.capacity]
+        for (fmt, suffix, capacity), search in itertools.product(kinds, args.neighbours):
             if fmt not in args.formats:
                 continue
-            path = Path(tmp) / f"{name}-{search}{suffix}"
+            path = Path(tmp) / f"{name}-{search}-{capacity}{suffix}"
             t0 = time.perf_counter()
             if fmt == "torchscript":
                 export_torchscript(model, atoms, path, dtype, str(device), neighbours=search)
             else:
-                export_aoti(model, atoms, path, dtype, str(device), triton=args.triton, check_load=False, neighbours=search)
+                fixed = capacity == "fixed"
+                export_aoti(
+                    model, atoms, path, dtype, str(device), triton=args.triton, check_load=False, neighbours=search, fixed_capacity=fixed
+                )
             export_s = time.perf_counter() - t0  # tracing and compiling (the CLI also load-checks the package)
-            pot = load_exported(path)
+            pot = load_exported(path, cuda_graph=False)
             numbers = torch.tensor(atoms.numbers, device=device)
             if fmt == "torchscript":
                 module = pot._module
@@ -169,6 +173,8 @@ def bench(name: str, args) -> list[dict]:
                 ref = eager(batch)
                 de, df = relative_differences(pot._runner(pos, numbers, cell, pbc), (ref["energy"][0], ref["forces"]))
                 agreement = f", rel dE {de:.1e}, max rel dF {df:.1e} against the Predictor"
+                if capacity == "fixed":
+                    kernels += f", fixed capacity {pot.capacity}"
             emit(
                 rows,
                 {
@@ -179,6 +185,21 @@ def bench(name: str, args) -> list[dict]:
                     "size_MB": path.stat().st_size / 1e6,
                 },
             )
+            if fmt == "aoti" and capacity == "fixed" and device.type == "cuda":
+                graphed = load_exported(path, cuda_graph=True)
+                try:
+                    de, df = relative_differences(graphed(pos, numbers, cell, pbc), (ref["energy"][0], ref["forces"]))
+                except RuntimeError as err:
+                    print(f"| {tag} | the same .pt2 in a CUDA graph: capture failed ({err}) | | | |", flush=True)
+                    continue
+                emit(
+                    rows,
+                    {
+                        "structure": tag,
+                        "what": f"the same .pt2 through load_exported, one CUDA graph (rel dE {de:.1e}, max rel dF {df:.1e})",
+                        "s_per_call": per_call(lambda: graphed(pos, numbers, cell, pbc), device, args.repeat),
+                    },
+                )
     return rows
 
 
@@ -199,6 +220,13 @@ def main() -> None:
         default=["cells", "all-pairs"],
         choices=["cells", "all-pairs"],
         help="the exported files' neighbour searches to time (each format once per search)",
+    )
+    p.add_argument(
+        "--capacity",
+        nargs="+",
+        default=["dynamic"],
+        choices=["dynamic", "fixed"],
+        help="AOTInductor: packages sized by the structure (dynamic) and/or fixed-capacity ones (on CUDA also timed as a CUDA graph)",
     )
     p.add_argument(
         "--triton",

@@ -49,6 +49,9 @@
 #   modelgpu one GPU: tests/model's GPU tests (after the CSR change)
 #   pt2time  one GPU: the Triton .pt2 on water with each neighbour search, next to the Predictor
 #   trainprofile one GPU: both models' training-step kernel profiles (with the new weight-gradient split)
+#   fixed    one GPU: the fixed-capacity CUDA package in CUDA graphs (GPU test), then its Triton .pt2 on water
+#   fixeddiamond one GPU: the Triton .pt2 on the 1000-atom diamond, fixed capacity and sized by the structure
+#   trainprofile2 one GPU: the compiled training step's kernel profile after the CSR change
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
 # Each GPU writes one log per part into OUT (the device tool returns at most 8 files).
@@ -360,11 +363,28 @@ trainprofile)
   for m in i2c3f20l2r i3c3f64l2; do timeout 150 python3 benchmarks/kernel_profile.py --device cuda --model $m --phases training --repeat 3; done \
     > "$out/kernel_profile_training.log" 2>&1
   ;;
+fixed)
+  # the fixed-capacity CUDA package in CUDA graphs (GPU test, Triton kernels), then the fixed-capacity
+  # Triton .pt2 on water, raw and through load_exported's CUDA graph, next to the Predictor (the 1.2x target)
+  gpu_tests 0 "$X::test_cuda_fixed_capacity_package_in_cuda_graphs_matches_predictor[dtype0-1e-05-True]:270" > "$out/tests_fixed.log" 2>&1
+  timeout 300 python3 benchmarks/export.py --device cuda --structures water --formats aoti --triton --r-max 6 --repeat 50 --model $S \
+    --neighbours cells --capacity fixed > "$out/export_water.log" 2>&1
+  ;;
+fixeddiamond)
+  # the 1000-atom diamond: the Triton .pt2, fixed capacity (raw, CUDA graph) and sized by the structure
+  timeout 560 python3 benchmarks/export.py --device cuda --structures diamond --formats aoti --triton --r-max 6 --repeat 50 --model $S \
+    --neighbours cells --capacity fixed dynamic > "$out/export_diamond.log" 2>&1
+  ;;
+trainprofile2)
+  # the compiled training step's kernels after the CSR change (its compile alone takes about 3 minutes)
+  timeout 560 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases training --compile-mode default --repeat 5 \
+    --rows 30 > "$out/kernel_profile_training_compiled.log" 2>&1
+  ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, trainprofile2 or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

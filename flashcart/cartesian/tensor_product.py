@@ -155,5 +155,8 @@ class TensorProduct(torch.nn.Module):
                     block = block + o
             else:
                 block = torch.stack(outs, dim=2)
-            blocks.append(block.expand(rows, *block.shape[1:]).reshape(rows, -1))
+            width = 1
+            for size in block.shape[1:]:
+                width = width * size
+            blocks.append(block.expand(rows, *block.shape[1:]).reshape(rows, width))  # not -1: rows may be 0
         return torch.cat(blocks, dim=1)

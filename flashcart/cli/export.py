@@ -50,6 +50,27 @@ def _parser() -> argparse.ArgumentParser:
             "cells from 256 atoms"
         ),
     )
+    p.add_argument(
+        "--fixed-capacity",
+        action="store_true",
+        help=(
+            "aoti only: a package without data-dependent sizes (fixed edge slots per atom and, with cells, atoms per "
+            "bin): it never synchronises with the host, so a CUDA graph can capture it (load_exported does on CUDA); "
+            "a structure beyond its capacity or checks gets NaN energy and forces"
+        ),
+    )
+    p.add_argument(
+        "--edges-per-atom",
+        type=int,
+        default=None,
+        help="with --fixed-capacity: edge slots per atom (default: the structure's pairs per atom x 1.1, rounded up)",
+    )
+    p.add_argument(
+        "--atoms-per-bin",
+        type=int,
+        default=None,
+        help="with --fixed-capacity and cells: atoms a bin holds (default: the structure's fullest bin x 1.5 + 2)",
+    )
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return p
 
@@ -76,6 +97,15 @@ def export(args: argparse.Namespace) -> Path:
         raise ValueError(f"--neighbours must be {' or '.join(SEARCHES)}, got {args.neighbours!r}")
     if args.triton and (args.format != "aoti" or args.device != "cuda"):
         raise ValueError("--triton applies to --format aoti --device cuda only (elsewhere the PyTorch backend is always used)")
+    if args.fixed_capacity and args.format != "aoti":
+        raise ValueError("--fixed-capacity applies to --format aoti only")
+    for flag, value in (("--edges-per-atom", args.edges_per_atom), ("--atoms-per-bin", args.atoms_per_bin)):
+        if value is not None and not args.fixed_capacity:
+            raise ValueError(f"{flag} applies with --fixed-capacity only")
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be a positive integer, got {value}")
+    if args.atoms_per_bin is not None and args.neighbours == "all-pairs":
+        raise ValueError("--atoms-per-bin applies to the binned search (--neighbours cells), not all-pairs")
     out = Path(args.output)
     if out.suffix != FORMATS[args.format]:
         raise ValueError(f"-o {out}: a {args.format} file must end in {FORMATS[args.format]}")
@@ -90,7 +120,19 @@ def export(args: argparse.Namespace) -> Path:
         if args.format == "torchscript":
             export_torchscript(model, atoms, out, dtype, str(device), neighbours=args.neighbours)
         else:
-            export_aoti(model, atoms, out, dtype, str(device), max_images=args.max_images, triton=args.triton, neighbours=args.neighbours)
+            export_aoti(
+                model,
+                atoms,
+                out,
+                dtype,
+                str(device),
+                max_images=args.max_images,
+                triton=args.triton,
+                neighbours=args.neighbours,
+                fixed_capacity=args.fixed_capacity,
+                edges_per_atom=args.edges_per_atom,
+                atoms_per_bin=args.atoms_per_bin,
+            )
         bar.update(2)
     return out
 

@@ -36,11 +36,13 @@ the export and leaves ``path`` untouched.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -48,10 +50,25 @@ import torch
 from ..model.potential import FlashCartPotential
 from .compiler import configured_compiler, package_compiler
 from .model import frozen_copy, structure_energy
-from .neighbors import binned_pair_list, check_search, image_table, images_needed, pair_list, reciprocal_rows, wrap_positions
+from .neighbors import (
+    binned_pair_list,
+    check_search,
+    fixed_pair_list,
+    fullest_bin,
+    image_table,
+    images_needed,
+    pair_list,
+    reciprocal_rows,
+    wrap_positions,
+)
 
 __all__ = [
     "build_aoti_graph",
+    "Capacity",
+    "plan_capacity",
+    "export_structure_sizes",
+    "EDGE_HEADROOM",
+    "BIN_HEADROOM",
     "check_package_loads",
     "export_aoti",
     "model_reference",
@@ -80,20 +97,49 @@ def required_images(atoms, cutoff: float) -> tuple[int, int, int]:
     return tuple(int(n) if p else 0 for n, p in zip(need.tolist(), atoms.pbc))
 
 
-class _EnergyForces:
-    """The traced function: ``(positions, atomic_numbers, cell, pbc) -> (energy, forces)``."""
+@dataclass(frozen=True)
+class Capacity:
+    """A fixed-capacity package's sizes: ``edges_per_atom`` edge slots per atom (``N *
+    edges_per_atom`` in all) and, with the binned search, ``atoms_per_bin`` atoms a bin holds
+    (``None`` with all pairs)."""
 
-    def __init__(self, model: FlashCartPotential, max_images: tuple[int, int, int], neighbours: str = "all-pairs"):
+    edges_per_atom: int
+    atoms_per_bin: int | None
+
+    def to_json(self) -> str:
+        return json.dumps({"edges_per_atom": self.edges_per_atom, "atoms_per_bin": self.atoms_per_bin})
+
+
+EDGE_HEADROOM = 0.1
+"""Default edge slots of a fixed-capacity package: the export structure's pairs per atom times
+``1 + EDGE_HEADROOM``, rounded up (every slot costs the model an edge's work)."""
+BIN_HEADROOM = 0.5
+"""Default bin capacity: the export structure's fullest bin times ``1 + BIN_HEADROOM``, plus two
+(bins only bound the candidates each atom tests; their occupancy fluctuates more)."""
+
+
+class _EnergyForces:
+    """The traced function: ``(positions, atomic_numbers, cell, pbc) -> (energy, forces)``.
+
+    ``capacity=None``: the neighbour list has as many pairs as there are, and the input checks
+    raise (two host synchronisations on a GPU). A :class:`Capacity`: the pairs go into fixed
+    slots (:func:`~flashcart.export.neighbors.fixed_pair_list`) and a structure the package
+    cannot evaluate (the checks, or pairs beyond the capacity) gets NaN energy and forces, so
+    nothing synchronises and a CUDA graph can capture the call.
+    """
+
+    def __init__(self, model: FlashCartPotential, max_images: tuple[int, int, int], neighbours: str = "all-pairs", capacity=None):
         self.neighbours = check_search(neighbours)
         self.model = model
         self.cutoff = float(model.r_max)
         self.max_images = max_images
         self.elements = list(model.elements)
+        self.capacity = capacity
 
     def __call__(self, positions, numbers, cell, pbc):
         model, dtype, dev = self.model, positions.dtype, positions.device
         z_to_type = model.z_to_type
-        # ---- input checks, all moved to the host at once (one synchronisation on a GPU)
+        # ---- input checks
         z_ok = (numbers >= 0) & (numbers < z_to_type.shape[0])
         types = z_to_type.index_select(0, numbers.clamp(0, z_to_type.shape[0] - 1))
         unknown = (~z_ok | (types < 0)).any()
@@ -107,7 +153,38 @@ class _EnergyForces:
         need = images_needed(recip, self.cutoff) * periodic
         limit = torch.tensor(self.max_images, dtype=dtype, device=dev)
         too_few_images = (need > limit).any() & ~singular
-        flags = torch.stack([unknown, singular, too_few_images]).cpu()
+        if self.capacity is None:
+            self._refuse(torch.stack([unknown, singular, too_few_images]).cpu())  # one synchronisation on a GPU
+        # ---- neighbour list and energy
+        positions.requires_grad_(True)
+        pos = wrap_positions(positions, safe_cell, recip, periodic)
+        table = image_table(*self.max_images, dtype, dev)
+        free = None
+        if self.capacity is not None:
+            cap = self.capacity
+            bins = cap.atoms_per_bin if self.neighbours == "cells" else None
+            receivers, senders, image, real, overflow = fixed_pair_list(
+                pos, cell, recip, pbc, self.max_images, self.cutoff, cap.edges_per_atom, bins
+            )
+            free = ~real
+        elif self.neighbours == "cells":
+            receivers, senders, image = binned_pair_list(pos, cell, recip, pbc, self.max_images, self.cutoff)
+        else:
+            allowed = ((table == 0) | pbc[None, :]).all(dim=1)
+            receivers, senders, image = pair_list(pos, table @ cell, allowed, self.cutoff)
+        shifts = table.index_select(0, image)
+        energy = structure_energy(model, pos, types.clamp_min(0), cell[None], shifts, receivers, senders, free)
+        (grad,) = torch.autograd.grad(energy, positions)
+        energy, forces = energy.detach(), -grad
+        if self.capacity is not None:
+            bad = unknown | singular | too_few_images | overflow
+            nan = torch.full((), float("nan"), dtype=dtype, device=dev)
+            energy, forces = torch.where(bad, nan, energy), torch.where(bad, nan, forces)
+        return energy, forces
+
+    def _refuse(self, flags) -> None:
+        """The dynamic package's checks: ``flags`` (host bool ``[3]``: unknown elements, singular
+        cell, too few images) raise with what to do."""
         torch._assert_async(
             ~flags[0],
             f"flashcart package: atomic numbers outside the model's elements {self.elements} "
@@ -120,19 +197,6 @@ class _EnergyForces:
             f"(max_images={list(self.max_images)} along its lattice vectors, cutoff {self.cutoff} Å; a cell needs "
             f"ceil(cutoff / distance between opposite faces) along each). {REEXPORT_HINT}",
         )
-        # ---- neighbour list and energy
-        positions.requires_grad_(True)
-        pos = wrap_positions(positions, safe_cell, recip, periodic)
-        table = image_table(*self.max_images, dtype, dev)
-        if self.neighbours == "cells":
-            receivers, senders, image = binned_pair_list(pos, cell, recip, pbc, self.max_images, self.cutoff)
-        else:
-            allowed = ((table == 0) | pbc[None, :]).all(dim=1)
-            receivers, senders, image = pair_list(pos, table @ cell, allowed, self.cutoff)
-        shifts = table.index_select(0, image)
-        energy = structure_energy(model, pos, types.clamp_min(0), cell[None], shifts, receivers, senders)
-        (grad,) = torch.autograd.grad(energy, positions)
-        return energy.detach(), -grad
 
 
 def _example(atoms, dtype: torch.dtype, device: torch.device):
@@ -151,6 +215,63 @@ of both kinds, inductor's kernels and FlashCart's Triton kernels, passed their G
 the H200, torch 2.11, 2026-12-01.)"""
 
 
+def _images(atoms, cutoff: float, max_images: int | None) -> tuple[int, int, int]:
+    """The images a package enumerates along each lattice vector: ``max_images`` along each, or
+    what ``atoms`` needs; a ``ValueError`` for a negative value or one below that need."""
+    need = required_images(atoms, cutoff)
+    if max_images is None:
+        return need
+    if max_images < 0:
+        raise ValueError(f"max_images must be >= 0, got {max_images}")
+    if max_images < max(need):
+        raise ValueError(f"max_images={max_images} is below what the export structure itself needs ({max(need)})")
+    return (max_images,) * 3
+
+
+def export_structure_sizes(atoms, cutoff: float, max_images: tuple[int, int, int], neighbours: str) -> tuple[int, int | None]:
+    """``(pairs, fullest bin)`` of ``atoms`` as a package's search finds them (fullest bin
+    ``None`` with all pairs), computed on the CPU in float64."""
+    positions, _, cell, pbc = _example(atoms, torch.float64, torch.device("cpu"))
+    any_pbc = bool(pbc.any())
+    safe = cell if any_pbc else torch.eye(3, dtype=torch.float64)
+    recip = reciprocal_rows(safe)
+    pos = wrap_positions(positions, safe, recip, pbc.to(torch.float64))
+    receivers, _, _ = binned_pair_list(pos, cell, recip, pbc, max_images, cutoff)
+    fullest = fullest_bin(pos, cell, recip, pbc, max_images, cutoff) if neighbours == "cells" else None
+    return int(receivers.shape[0]), fullest
+
+
+def plan_capacity(
+    atoms,
+    cutoff: float,
+    max_images: tuple[int, int, int],
+    neighbours: str,
+    edges_per_atom: int | None = None,
+    atoms_per_bin: int | None = None,
+) -> Capacity:
+    """A fixed-capacity package's :class:`Capacity`: the given sizes, or from the export structure
+    (:data:`EDGE_HEADROOM`, :data:`BIN_HEADROOM`); ``atoms_per_bin`` applies to the binned search only."""
+    for name, value in (("edges_per_atom", edges_per_atom), ("atoms_per_bin", atoms_per_bin)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if atoms_per_bin is not None and neighbours != "cells":
+        raise ValueError(f"atoms_per_bin applies to the binned search (neighbours='cells'), not {neighbours!r}")
+    pairs, fullest = export_structure_sizes(atoms, cutoff, max_images, neighbours)
+    if edges_per_atom is None:
+        edges_per_atom = max(1, math.ceil(pairs / len(atoms) * (1.0 + EDGE_HEADROOM)))
+    elif edges_per_atom * len(atoms) < pairs:
+        raise ValueError(
+            f"edges_per_atom={edges_per_atom} is below what the export structure itself needs "
+            f"({pairs} pairs on {len(atoms)} atoms: at least {math.ceil(pairs / len(atoms))})"
+        )
+    if neighbours == "cells":
+        if atoms_per_bin is None:
+            atoms_per_bin = math.ceil(fullest * (1.0 + BIN_HEADROOM)) + 2
+        elif atoms_per_bin < fullest:
+            raise ValueError(f"atoms_per_bin={atoms_per_bin} is below the export structure's fullest bin ({fullest} atoms)")
+    return Capacity(edges_per_atom, atoms_per_bin)
+
+
 def build_aoti_graph(
     model: FlashCartPotential,
     atoms,
@@ -159,6 +280,7 @@ def build_aoti_graph(
     max_images: int | None = None,
     triton: bool = False,
     neighbours: str | None = None,
+    capacity: Capacity | None = None,
 ):
     """``(exported program, example inputs, metadata)`` for :func:`export_aoti`.
 
@@ -166,23 +288,18 @@ def build_aoti_graph(
     its own kernels for it); ``triton=True`` traces a ``use_triton`` model's Triton kernels.
     ``neighbours``: ``cells`` (bins a cutoff wide, time linear in the atoms,
     :func:`~flashcart.export.neighbors.binned_pair_list`) or ``all-pairs`` (the dense test,
-    N² x images); ``None``: :data:`DEFAULT_NEIGHBOURS`.
+    N² x images); ``None``: :data:`DEFAULT_NEIGHBOURS`. ``capacity``: ``None`` (sizes as the
+    structure needs them) or a fixed-capacity package's :class:`Capacity` (:func:`plan_capacity`).
     """
     device = torch.device(device)
     neighbours = DEFAULT_NEIGHBOURS if neighbours is None else check_search(neighbours)
     cutoff = float(model.r_max)
-    need = required_images(atoms, cutoff)
-    if max_images is None:
-        images = need
-    else:
-        if max_images < 0:
-            raise ValueError(f"max_images must be >= 0, got {max_images}")
-        if max_images < max(need):
-            raise ValueError(f"max_images={max_images} is below what the export structure itself needs ({max(need)})")
-        images = (max_images,) * 3
+    images = _images(atoms, cutoff, max_images)
     use_triton = triton and bool(model.options.get("use_triton")) and device.type == "cuda"
     frozen = frozen_copy(model, dtype, device, use_triton=use_triton)
-    fn = _EnergyForces(frozen, images, neighbours)
+    if capacity is not None and (capacity.atoms_per_bin is None) != (neighbours != "cells"):
+        raise ValueError(f"capacity {capacity} does not fit the {neighbours} search (atoms_per_bin is for cells only)")
+    fn = _EnergyForces(frozen, images, neighbours, capacity)
     example = _example(atoms, dtype, device)
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -198,6 +315,8 @@ def build_aoti_graph(
         "device": device.type,
         "max_images": json.dumps(list(images)),
         "neighbours": neighbours,
+        "capacity": capacity.to_json() if capacity is not None else "null",
+        "on_failure": "nan" if capacity is not None else "raise",
         "units": "positions and cell in Angstrom, energy in eV, forces in eV/Angstrom",
     }
     return program, example, metadata
@@ -214,15 +333,32 @@ def export_aoti(
     triton: bool = False,
     check_load: bool = True,
     neighbours: str | None = None,
+    fixed_capacity: bool = False,
+    edges_per_atom: int | None = None,
+    atoms_per_bin: int | None = None,
 ) -> Path:
     """Compile the package for ``model`` (example structure ``atoms``) and write it to ``path`` atomically.
+
+    ``fixed_capacity``: a package without data-dependent sizes (``edges_per_atom`` edge slots
+    per atom and, with the binned search, ``atoms_per_bin`` atoms a bin holds; defaults from
+    ``atoms``, see :func:`plan_capacity`). It never synchronises with the host, so a CUDA graph
+    can capture it (:func:`~flashcart.export.load_exported` does on CUDA); a structure it cannot
+    evaluate gets NaN energy and forces instead of an error. ``edges_per_atom`` and
+    ``atoms_per_bin`` without it are an error.
 
     ``check_load``: load the compiled package in a fresh Python process first, run it there on
     ``atoms``, and raise a ``RuntimeError`` (writing nothing) if that fails or crashes, or if its
     energy or forces differ from the model's (the Predictor on the generated PyTorch backend, same
     dtype and device) by more than :data:`CHECK_TOLERANCE` (relative).
     """
-    program, _, metadata = build_aoti_graph(model, atoms, dtype, device, max_images, triton, neighbours)
+    if not fixed_capacity and (edges_per_atom is not None or atoms_per_bin is not None):
+        raise ValueError("edges_per_atom and atoms_per_bin apply to fixed-capacity packages only (fixed_capacity=True)")
+    search = DEFAULT_NEIGHBOURS if neighbours is None else check_search(neighbours)
+    capacity = None
+    if fixed_capacity:
+        images = _images(atoms, float(model.r_max), max_images)
+        capacity = plan_capacity(atoms, float(model.r_max), images, search, edges_per_atom, atoms_per_bin)
+    program, _, metadata = build_aoti_graph(model, atoms, dtype, device, max_images, triton, search, capacity)
     # Inductor re-derives the bound of the pair count (the neighbour list's nonzero) from the
     # export structure's sizes, not the symbolic ones, and asserts it at run time: a package
     # exported on 24 atoms refused 648 ("Expected u0 <= 15552"). The graph's own checks on the

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from .aoti import FORMAT as AOTI_FORMAT
-from .aoti import REEXPORT_HINT
+from .aoti import REEXPORT_HINT, Capacity, export_structure_sizes
+from .graphed import GraphedRunner
 from .neighbors import images_needed, reciprocal_rows
 from .torchscript import EV_TO_KJ_PER_MOL, NM_TO_ANGSTROM
 
@@ -30,15 +31,26 @@ class ExportedPotential:
     A TorchScript file evaluates only the atoms (and order) it was exported for.
     :meth:`evaluate` is the :class:`~flashcart.simulation.Evaluator` interface, so the
     simulation adapters (ASE, OpenMM, ``flashcart-md``) can run on an exported file.
+
+    A fixed-capacity package (``capacity`` not ``None``) on CUDA runs as a CUDA graph per atom
+    count (:class:`~flashcart.export.graphed.GraphedRunner`) unless ``cuda_graph=False``; its NaN
+    result for a structure it cannot evaluate becomes a ``ValueError`` naming why.
     """
 
-    def __init__(self, path: str | Path, device: str | None = None):
+    def __init__(self, path: str | Path, device: str | None = None, cuda_graph: bool | None = None):
         self.path = Path(path)
         self.neighbor_list_builds = 0
         if not self.path.is_file():
             raise FileNotFoundError(f"exported model {self.path} does not exist")
+        if cuda_graph not in (None, True, False):
+            raise ValueError(f"cuda_graph must be None (automatic), True or False, got {cuda_graph!r}")
+        self.capacity = None
+        self._graphed = None
         if self.path.suffix == ".pt2":
             self._load_aoti(device)
+            self._graphed = self._graph_runner(cuda_graph)
+        elif cuda_graph:
+            raise ValueError(f"{self.path}: cuda_graph=True needs a fixed-capacity .pt2 package on CUDA")
         elif self.path.suffix == ".pt":
             self._load_torchscript(device)
         else:
@@ -59,8 +71,19 @@ class ExportedPotential:
         self.neighbours = meta.get("neighbours", "all-pairs")  # packages before the binned search tested all pairs
         self.dtype = getattr(torch, meta["dtype"])
         self.device = torch.device(meta["device"])
+        capacity = json.loads(meta.get("capacity", "null"))  # packages before fixed capacities had none
+        self.capacity = Capacity(**capacity) if capacity is not None else None
         if device is not None and torch.device(device).type != self.device.type:
             raise ValueError(f"{self.path} was compiled for {self.device.type}, not {device}; re-export with --device {device}")
+
+    def _graph_runner(self, cuda_graph: bool | None):
+        """The package's runner as CUDA graphs, or ``None`` (the runner called as it is)."""
+        capturable = self.capacity is not None and self.device.type == "cuda"
+        if cuda_graph and not capturable:
+            raise ValueError(
+                f"{self.path}: cuda_graph=True needs a fixed-capacity package on CUDA (re-export with --fixed-capacity --device cuda)"
+            )
+        return GraphedRunner(self._runner, strict=bool(cuda_graph)) if capturable and cuda_graph is not False else None
 
     def _load_torchscript(self, device: str | None) -> None:
         try:
@@ -103,6 +126,14 @@ class ExportedPotential:
                 f"{list(pos.shape)}, {list(z.shape)}, {list(c.shape)}, {list(p.shape)}"
             )
         self.neighbor_list_builds += 1  # the files build their neighbour list on every call
+        if self.format == "aoti" and self.capacity is not None:
+            run = self._graphed if self._graphed is not None else self._runner
+            energy, forces = run(pos, z, c, p)
+            if bool(torch.isnan(energy)):  # the package's way of refusing (no synchronisation inside)
+                self._explain_refusal(z, c, p)
+                self._explain_overflow(pos, z, c, p)
+                raise RuntimeError(f"{self.path}: the package returned NaN on this structure, and none of its checks explains why")
+            return energy, forces
         if self.format == "aoti":
             try:
                 return self._runner(pos, z, c, p)
@@ -127,6 +158,33 @@ class ExportedPotential:
             raise ValueError(
                 f"{self.path}: the cell needs {need} periodic images along its lattice vectors, more than this package "
                 f"enumerates (max_images={self.max_images}, cutoff {self.cutoff} Å). {REEXPORT_HINT}"
+            )
+
+    def _explain_overflow(self, pos: torch.Tensor, z: torch.Tensor, c: torch.Tensor, p: torch.Tensor) -> None:
+        """Raise ``ValueError`` when the structure needs more edge slots or bin capacity than a
+        fixed-capacity package has, with the sizes it needs."""
+        from ase import Atoms
+
+        atoms = Atoms(
+            numbers=z.cpu().numpy(),
+            positions=pos.detach().cpu().double().numpy(),
+            cell=c.detach().cpu().double().numpy(),
+            pbc=p.cpu().numpy(),
+        )
+        images = tuple(self.max_images)
+        pairs, fullest = export_structure_sizes(atoms, self.cutoff, images, self.neighbours)
+        n, cap = len(atoms), self.capacity
+        command = "flashcart-export CHECKPOINT --format aoti --fixed-capacity {} --structure FILE -o OUT"
+        if pairs > n * cap.edges_per_atom:
+            raise ValueError(
+                f"{self.path}: the structure has {pairs} pairs within the cutoff on {n} atoms ({pairs / n:.1f} per atom), "
+                f"more than the package's {cap.edges_per_atom} edge slots per atom. Re-export with "
+                f"`{command.format('--edges-per-atom K')}`, K at least {-(-pairs // n)}."
+            )
+        if cap.atoms_per_bin is not None and fullest > cap.atoms_per_bin:
+            raise ValueError(
+                f"{self.path}: a bin of the neighbour search holds {fullest} atoms, more than the package's "
+                f"{cap.atoms_per_bin} atoms per bin. Re-export with `{command.format('--atoms-per-bin W')}`, W at least {fullest}."
             )
 
     def evaluate(self, positions, numbers, cell=None, pbc=None, stress: bool = False):
@@ -159,9 +217,10 @@ class ExportedPotential:
         return energy.detach() / EV_TO_KJ_PER_MOL, -grad / (EV_TO_KJ_PER_MOL * NM_TO_ANGSTROM)
 
 
-def load_exported(path: str | Path, device: str | None = None) -> ExportedPotential:
-    """An :class:`ExportedPotential` for a ``.pt2`` package or a TorchScript ``.pt`` file."""
-    return ExportedPotential(path, device)
+def load_exported(path: str | Path, device: str | None = None, cuda_graph: bool | None = None) -> ExportedPotential:
+    """An :class:`ExportedPotential` for a ``.pt2`` package or a TorchScript ``.pt`` file
+    (``cuda_graph``: see :class:`ExportedPotential`)."""
+    return ExportedPotential(path, device, cuda_graph)
 
 
 def md_evaluator(cfg: dict, out=print) -> ExportedPotential:

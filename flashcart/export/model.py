@@ -33,17 +33,24 @@ def structure_energy(
     shifts: torch.Tensor,
     receivers: torch.Tensor,
     senders: torch.Tensor,
+    free: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Energy ``[]`` (eV) of one structure: positions ``[N, 3]`` Å, types ``[N]``, cell ``[1, 3, 3]`` Å,
     image shifts ``[E, 3]`` (multiples of the lattice vectors), receivers/senders ``[E]`` grouped by receiver.
 
-    One inert edge is put first (atom 0 to itself, in an extra graph whose cell moves it
-    beyond the cutoff, where envelope and radial weights are exactly zero, as for the
-    Predictor's padding edges), so a structure without any pair within the cutoff (isolated
-    atoms) has the energy of its isolated atoms instead of an empty edge list.
+    Inert edges (an atom to itself, in an extra graph whose cell moves it beyond the cutoff,
+    where envelope and radial weights are exactly zero, as for the Predictor's padding edges)
+    contribute nothing. ``free`` (``[E]`` bool): the edge slots that hold no pair (a
+    fixed-capacity list's free slots, receiver and sender the same atom) are made inert.
+    Without it, one inert edge is put first (atom 0 to itself), so a structure without any
+    pair within the cutoff (isolated atoms) has the energy of its isolated atoms instead of an
+    empty edge list.
     """
     far = torch.eye(3, dtype=cell.dtype, device=cell.device) * (2.0 * model.r_max + 1.0)
     cells = torch.cat([cell, far[None]])
+    if free is not None:
+        shifts = torch.where(free[:, None], far[:1] / far[0, 0], shifts)  # (1, 0, 0) in the far cell
+        return model.site_energies(positions, types, cells, shifts, receivers, senders, free.long()).sum()
     zero = torch.zeros(1, dtype=receivers.dtype, device=receivers.device)
     # the inert edge's graph index, then zeros: built from the unpadded receivers, not by slicing
     # the padded ones (torch 2.11's inductor fails to lower a slice of a data-dependent size,

@@ -26,6 +26,9 @@ __all__ = [
     "wrap_positions",
     "pair_list",
     "binned_pair_list",
+    "fullest_bin",
+    "fixed_slots",
+    "fixed_pair_list",
     "SEARCHES",
     "check_search",
 ]
@@ -97,6 +100,68 @@ def pair_list(positions: Tensor, offsets: Tensor, allowed: Tensor, cutoff: float
     return idx[:, 0], idx[:, 2], idx[:, 1]
 
 
+def _bin_candidates(
+    positions: Tensor,
+    cell: Tensor,
+    recip: Tensor,
+    periodic: Tensor,
+    max_images: tuple[int, int, int],
+    cutoff: float,
+    width: int | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The binned search's candidates (see :func:`binned_pair_list`): ``(j [N, O, W] candidate
+    atoms, image [N, O, 3] their lattice images, mask [N, O, W] those within the cutoff, fullest
+    [] the most atoms any tested bin holds, limit [3] max_images as a tensor)``.
+
+    ``width=None``: ``W`` is ``fullest`` (a data-dependent size: a synchronisation on a GPU);
+    an int: ``W`` is that capacity (static shapes; bins holding more atoms than ``W`` lose the
+    rest, which ``fullest > W`` reports)."""
+    n = positions.shape[0]
+    dev, dtype = positions.device, positions.dtype
+    frac = positions @ recip.T  # [N, 3]
+    face = 1.0 / torch.linalg.vector_norm(recip, dim=1)  # [3] distance between opposite faces
+    lo = torch.where(periodic, torch.zeros_like(face), frac.min(dim=0).values)
+    span = torch.where(periodic, torch.ones_like(face), (frac.max(dim=0).values - lo).clamp_min(1e-12))
+    # bins a little wider than the cutoff, so rounding in the fractional coordinates (float32)
+    # cannot put a pair within the cutoff two bins apart; at most 2**20 per axis (a huge, sparse
+    # non-periodic extent gets wider bins, never an int64 overflow of the bin id)
+    nb = torch.floor(span * face / (cutoff * (1.0 + 1e-4))).clamp(1, 1048576).to(torch.int64)  # [3]
+    b = torch.floor((frac - lo) / span * nb.to(dtype)).to(torch.int64)
+    b = torch.minimum(b.clamp_min(0), nb - 1)  # [N, 3]; rounding at the faces stays inside
+    ids = (b[:, 0] * nb[1] + b[:, 1]) * nb[2] + b[:, 2]
+    sorted_ids, order = torch.sort(ids)
+    offsets = image_table(max(1, max_images[0]), max(1, max_images[1]), max(1, max_images[2]), torch.int64, dev)  # [O, 3]
+    target = b[:, None, :] + offsets[None, :, :]  # [N, O, 3] bins, before wrapping
+    image = torch.where(periodic, torch.div(target, nb, rounding_mode="floor"), torch.zeros_like(target))
+    inside = target - image * nb  # [N, O, 3] bins in the cell
+    limit = torch.tensor([max_images[0], max_images[1], max_images[2]], dtype=torch.int64, device=dev)
+    ok = torch.where(periodic, image.abs() <= limit, (target >= 0) & (target < nb)).all(dim=-1)  # [N, O]
+    tid = (inside[..., 0] * nb[1] + inside[..., 1]) * nb[2] + inside[..., 2]
+    tid = torch.where(ok, tid, torch.zeros_like(tid)).reshape(-1)
+    start = torch.searchsorted(sorted_ids, tid).reshape(n, -1)
+    count = torch.where(ok, torch.searchsorted(sorted_ids, tid, right=True).reshape(n, -1) - start, torch.zeros_like(start))
+    fullest = count.max()
+    if width is None:
+        width = fullest.item()  # the most atoms any (atom, bin) pair tests (data-dependent under tracing)
+        if not torch.jit.is_scripting():
+            torch._check(width >= 0)
+    slot = torch.arange(width, device=dev)
+    j = order.index_select(0, (start[:, :, None] + slot).clamp(max=n - 1).reshape(-1)).reshape(n, -1, width)  # [N, O, W]
+    shift = image.to(dtype) @ cell  # [N, O, 3]
+    d = positions.index_select(0, j.reshape(-1)).reshape(n, -1, width, 3) + shift[:, :, None, :] - positions[:, None, None, :]
+    r2 = (d * d).sum(-1)
+    itself = (j == torch.arange(n, device=dev)[:, None, None]) & (image == 0).all(dim=-1)[:, :, None]
+    mask = (slot < count[:, :, None]) & (r2 < cutoff * cutoff) & ~itself
+    return j, image, mask, fullest, limit
+
+
+def _image_index(img: Tensor, limit: Tensor) -> Tensor:
+    """Row of ``image_table(*limit)`` of each lattice image ``img [E, 3]``."""
+    side = 2 * limit + 1
+    shifted = img + limit
+    return (shifted[:, 0] * side[1] + shifted[:, 1]) * side[2] + shifted[:, 2]
+
+
 def binned_pair_list(
     positions: Tensor, cell: Tensor, recip: Tensor, periodic: Tensor, max_images: tuple[int, int, int], cutoff: float
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -126,44 +191,93 @@ def binned_pair_list(
     most populated bin's count (a data-dependent size); offsets past a periodic cell's ends
     wrap into images, past a non-periodic range's ends they are skipped.
     """
-    n = positions.shape[0]
-    dev, dtype = positions.device, positions.dtype
-    frac = positions @ recip.T  # [N, 3]
-    face = 1.0 / torch.linalg.vector_norm(recip, dim=1)  # [3] distance between opposite faces
-    lo = torch.where(periodic, torch.zeros_like(face), frac.min(dim=0).values)
-    span = torch.where(periodic, torch.ones_like(face), (frac.max(dim=0).values - lo).clamp_min(1e-12))
-    # bins a little wider than the cutoff, so rounding in the fractional coordinates (float32)
-    # cannot put a pair within the cutoff two bins apart; at most 2**20 per axis (a huge, sparse
-    # non-periodic extent gets wider bins, never an int64 overflow of the bin id)
-    nb = torch.floor(span * face / (cutoff * (1.0 + 1e-4))).clamp(1, 1048576).to(torch.int64)  # [3]
-    b = torch.floor((frac - lo) / span * nb.to(dtype)).to(torch.int64)
-    b = torch.minimum(b.clamp_min(0), nb - 1)  # [N, 3]; rounding at the faces stays inside
-    ids = (b[:, 0] * nb[1] + b[:, 1]) * nb[2] + b[:, 2]
-    sorted_ids, order = torch.sort(ids)
-    offsets = image_table(max(1, max_images[0]), max(1, max_images[1]), max(1, max_images[2]), torch.int64, dev)  # [O, 3]
-    target = b[:, None, :] + offsets[None, :, :]  # [N, O, 3] bins, before wrapping
-    image = torch.where(periodic, torch.div(target, nb, rounding_mode="floor"), torch.zeros_like(target))
-    inside = target - image * nb  # [N, O, 3] bins in the cell
-    limit = torch.tensor([max_images[0], max_images[1], max_images[2]], dtype=torch.int64, device=dev)
-    ok = torch.where(periodic, image.abs() <= limit, (target >= 0) & (target < nb)).all(dim=-1)  # [N, O]
-    tid = (inside[..., 0] * nb[1] + inside[..., 1]) * nb[2] + inside[..., 2]
-    tid = torch.where(ok, tid, torch.zeros_like(tid)).reshape(-1)
-    start = torch.searchsorted(sorted_ids, tid).reshape(n, -1)
-    count = torch.where(ok, torch.searchsorted(sorted_ids, tid, right=True).reshape(n, -1) - start, torch.zeros_like(start))
-    width = count.max().item()  # the most atoms any (atom, bin) pair tests (data-dependent under tracing)
-    if not torch.jit.is_scripting():
-        torch._check(width >= 0)
-    slot = torch.arange(width, device=dev)
-    j = order.index_select(0, (start[:, :, None] + slot).clamp(max=n - 1).reshape(-1)).reshape(n, -1, width)  # [N, O, W]
-    shift = image.to(dtype) @ cell  # [N, O, 3]
-    d = positions.index_select(0, j.reshape(-1)).reshape(n, -1, width, 3) + shift[:, :, None, :] - positions[:, None, None, :]
-    r2 = (d * d).sum(-1)
-    itself = (j == torch.arange(n, device=dev)[:, None, None]) & (image == 0).all(dim=-1)[:, :, None]
-    mask = (slot < count[:, :, None]) & (r2 < cutoff * cutoff) & ~itself
+    j, image, mask, _, limit = _bin_candidates(positions, cell, recip, periodic, max_images, cutoff, None)
     idx = mask.nonzero()
     receivers, o = idx[:, 0], idx[:, 1]
     senders = j[receivers, o, idx[:, 2]]
-    img = image[receivers, o]  # [E, 3]
-    side = 2 * limit + 1
-    shifted = img + limit
-    return receivers, senders, (shifted[:, 0] * side[1] + shifted[:, 1]) * side[2] + shifted[:, 2]
+    return receivers, senders, _image_index(image[receivers, o], limit)
+
+
+def fullest_bin(positions: Tensor, cell: Tensor, recip: Tensor, periodic: Tensor, max_images: tuple[int, int, int], cutoff: float) -> int:
+    """The most atoms any bin that :func:`binned_pair_list` tests holds (host integer)."""
+    return int(_bin_candidates(positions, cell, recip, periodic, max_images, cutoff, 1)[3])
+
+
+def fixed_slots(mask: Tensor, edges_per_atom: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The true entries of ``mask [N, C]`` (candidate ``c`` of receiver ``i``) in ``N * edges_per_atom``
+    edge slots, without a data-dependent size.
+
+    Returns ``(receivers [S], candidate [S], real [S], count [])``: slot ``s`` belongs to
+    receiver ``receivers[s]`` (ascending: grouped by receiver) and, where ``real``, holds that
+    receiver's candidate ``candidate[s]`` (row order); ``count`` is the number of true entries.
+    The ``S - count`` free slots are spread evenly over the receivers, after each one's real
+    slots (the receiver-grouped kernels run a receiver's edges in one program, so free slots
+    piled on one receiver would make one program the whole kernel's time). With ``count > S``
+    the slots hold only part of the entries; the caller reports it.
+    """
+    n, c = mask.shape[0], mask.shape[1]
+    dev = mask.device
+    capacity = n * edges_per_atom
+    counts = mask.sum(dim=1)  # [N] int64
+    total = counts.sum()
+    free = (capacity - total).clamp_min(0)
+    bounds = (torch.arange(n + 1, device=dev) * free) // n
+    rows = counts + (bounds[1:] - bounds[:-1])  # [N] slots per receiver
+    row_end = torch.cumsum(rows, 0)
+    slots = torch.arange(capacity, device=dev)
+    receivers = torch.searchsorted(row_end, slots, right=True).clamp(max=n - 1)
+    k = slots - (row_end - rows).index_select(0, receivers)  # slot within its receiver's row
+    real = k < counts.index_select(0, receivers)
+    rank = (torch.cumsum(counts, 0) - counts).index_select(0, receivers) + k  # among all true entries
+    cumulative = torch.cumsum(mask.reshape(-1), 0)  # [N * C]
+    flat = torch.searchsorted(cumulative, rank + 1)  # the entry that makes the count rank + 1
+    candidate = torch.where(real, flat - receivers * c, torch.zeros_like(flat)).clamp(0, c - 1)
+    return receivers, candidate, real, total
+
+
+def fixed_pair_list(
+    positions: Tensor,
+    cell: Tensor,
+    recip: Tensor,
+    periodic: Tensor,
+    max_images: tuple[int, int, int],
+    cutoff: float,
+    edges_per_atom: int,
+    atoms_per_bin: int | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The pairs of :func:`binned_pair_list` (``atoms_per_bin`` an int: bins of that capacity)
+    or :func:`pair_list` (``None``: all pairs) in :func:`fixed_slots`: static shapes, no
+    synchronisation (a package that a CUDA graph can capture).
+
+    Returns ``(receivers [S], senders [S], image index [S], real [S], overflow [])`` with
+    ``S = N * edges_per_atom``: the slots that are not ``real`` are free (receiver and sender the
+    same atom, image index of the zero image); ``overflow`` (bool) is set when the pairs need
+    more slots or a bin holds more atoms than ``atoms_per_bin``, and then the pairs are incomplete.
+    """
+    n = positions.shape[0]
+    table = image_table(*max_images, dtype=positions.dtype, device=positions.device)
+    zero_image = table.shape[0] // 2
+    if atoms_per_bin is None:
+        allowed = ((table == 0) | periodic[None, :]).all(dim=1)
+        s = table.shape[0]
+        d = positions[None, None, :, :] + (table @ cell)[None, :, None, :] - positions[:, None, None, :]  # [N, S, N, 3]
+        r2 = (d * d).sum(-1)
+        itself = (
+            torch.eye(n, dtype=torch.bool, device=positions.device)[:, None, :]
+            & (torch.arange(s, device=positions.device) == zero_image)[None, :, None]
+        )
+        mask = (r2 < cutoff * cutoff) & allowed[None, :, None] & ~itself
+        receivers, candidate, real, count = fixed_slots(mask.reshape(n, -1), edges_per_atom)
+        senders, image = candidate % n, torch.div(candidate, n, rounding_mode="floor")
+        crowded = torch.zeros((), dtype=torch.bool, device=positions.device)
+    else:
+        j, img, mask, fullest, limit = _bin_candidates(positions, cell, recip, periodic, max_images, cutoff, atoms_per_bin)
+        o_count = img.shape[1]
+        receivers, candidate, real, count = fixed_slots(mask.reshape(n, -1), edges_per_atom)
+        senders = j.reshape(-1).index_select(0, receivers * (o_count * atoms_per_bin) + candidate)
+        o = torch.div(candidate, atoms_per_bin, rounding_mode="floor")
+        image = _image_index(img.reshape(-1, 3).index_select(0, receivers * o_count + o), limit)
+        crowded = fullest > atoms_per_bin
+    senders = torch.where(real, senders, receivers)
+    image = torch.where(real, image, torch.full_like(image, zero_image))
+    return receivers, senders, image, real, (count > n * edges_per_atom) | crowded

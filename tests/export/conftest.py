@@ -134,3 +134,21 @@ def package64_all_pairs(small_model, tmp_path_factory):
         small_model, ethanol(), out, torch.float64, max_images=2, inductor_configs=FAST_COMPILE, neighbours="all-pairs"
     )
     return out
+
+
+FIXED = {"edges_per_atom": 64, "atoms_per_bin": 12}  # the fixed-capacity package's sizes (ethanol needs 8 and 9)
+
+
+@pytest.fixture(scope="session")
+def package64_fixed(small_model, tmp_path_factory):
+    """As ``package64``, with fixed capacities (:data:`FIXED`), exported by the command line."""
+    tmp = tmp_path_factory.mktemp("aoti_fixed")
+    save_checkpoint(small_model, tmp / "best")
+    write(tmp / "ethanol.xyz", ethanol())
+    out = tmp / "ethanol_fixed.pt2"
+    argv = [str(tmp / "best"), "--format", "aoti", "--structure", str(tmp / "ethanol.xyz"), "-o", str(out), "--fixed-capacity"]
+    argv += ["--edges-per-atom", str(FIXED["edges_per_atom"]), "--atoms-per-bin", str(FIXED["atoms_per_bin"])]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(flashcart.export, "export_aoti", functools.partial(flashcart.export.export_aoti, inductor_configs=FAST_COMPILE))
+        assert export_main(argv + ["--dtype", "float64", "--max-images", "2", "--no-progress"]) == 0
+    return out

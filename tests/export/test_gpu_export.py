@@ -37,8 +37,13 @@ from flashcart.export import export_aoti
 from tests.export.test_gpu_export import _triton_model
 from tests.export.conftest import ethanol
 dtype = getattr(torch, sys.argv[2])
+fixed = len(sys.argv) > 5 and sys.argv[5] == "fixed"
+sizes = dict(edges_per_atom=64, atoms_per_bin=12) if fixed else {}
 try:
-    export_aoti(_triton_model(), ethanol(), sys.argv[1], dtype, "cuda", max_images=2, triton=sys.argv[3] == "1", neighbours=sys.argv[4])
+    export_aoti(
+        _triton_model(), ethanol(), sys.argv[1], dtype, "cuda", max_images=2, triton=sys.argv[3] == "1", neighbours=sys.argv[4],
+        fixed_capacity=fixed, **sizes,
+    )
 except RuntimeError as err:
     if "when loaded in a fresh process; nothing was written" not in str(err):
         raise
@@ -136,3 +141,30 @@ def test_cuda_torchscript_matches_predictor(tmp_path, neighbours):
     atoms = perturbed(crystal(), 3, strain=0.03)
     energy, forces = pot(atoms.positions, atoms.numbers, atoms.cell.array, atoms.pbc)
     assert_matches(energy.cpu(), forces.cpu(), *predictor_reference(model, atoms, torch.float32), 1e-5, "torchscript cuda")
+
+
+@pytest.mark.parametrize("dtype, tol, triton", [(torch.float32, 1e-5, True), (torch.float64, 1e-10, False)])
+def test_cuda_fixed_capacity_package_in_cuda_graphs_matches_predictor(tmp_path, dtype, tol, triton):
+    """A fixed-capacity CUDA package (no host synchronisation inside) captured by ``load_exported``
+    as one CUDA graph per atom count: the Predictor's results for several structures, a replay
+    at new positions, and NaN (a ``ValueError`` from the loader) beyond its capacity."""
+    from .test_fixed_capacity import _dense_cell
+
+    path = tmp_path / "m.pt2"
+    _stage("export", _EXPORT, path, str(dtype).replace("torch.", ""), int(triton), "cells", "fixed", cwd=tmp_path)
+    pot = load_exported(path, cuda_graph=True)
+    assert pot._graphed is not None and pot.capacity.edges_per_atom == 64
+    small = crystal()
+    small.set_cell(small.cell.array * 0.72, scale_atoms=True)
+    cases = [perturbed(ethanol(), 1), other_molecule(), perturbed(crystal(), 2, strain=0.03), small, perturbed(ethanol(), 5)]
+    for atoms in cases:
+        energy, forces = pot(atoms.positions, atoms.numbers, atoms.cell.array, atoms.pbc)
+        assert forces.is_cuda and forces.dtype == dtype
+        assert_matches(energy.cpu(), forces.cpu(), *predictor_reference(make_model(), atoms, dtype), tol, atoms.get_chemical_formula())
+    graphed = pot._graphed
+    # one graph per atom count: 9 (ethanol, twice) and 8 (acetic acid, then both 8-atom crystals:
+    # the graph captured on a molecule replays for a periodic cell, its sizes follow from N alone)
+    assert graphed.failed is None and graphed.captures == 2
+    dense = _dense_cell()
+    with pytest.raises(ValueError, match="--edges-per-atom K"):
+        pot(dense.positions, dense.numbers, dense.cell.array, dense.pbc)

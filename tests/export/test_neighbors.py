@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashcart.export.neighbors import binned_pair_list, image_table, images_needed, pair_list, reciprocal_rows, wrap_positions
+from flashcart.export.neighbors import (
+    binned_pair_list,
+    fixed_pair_list,
+    fullest_bin,
+    image_table,
+    images_needed,
+    pair_list,
+    reciprocal_rows,
+    wrap_positions,
+)
 
 
 def _both(positions, cell, pbc, cutoff, max_images):
@@ -52,3 +61,41 @@ def test_binned_search_finds_the_dense_search_pairs(kind, n):
     assert (binned[0][1:] >= binned[0][:-1]).all()  # grouped by receiver
     if kind in ("crystal", "thin cell") and n == 57:
         assert len(dense[0]) > 0
+
+
+@pytest.mark.parametrize("kind", ["molecule", "crystal", "thin cell", "slab", "outside the cell"])
+@pytest.mark.parametrize("search", ["cells", "all-pairs"])
+def test_fixed_slots_hold_the_pairs_or_say_they_do_not(kind, search):
+    """The fixed-capacity search (static shapes): the dense search's pairs in its real slots,
+    grouped by receiver, the free slots spread over the receivers (none gets more than its
+    pairs plus its share), and an overflow flag exactly when the slots or a bin are too small."""
+    n, cutoff = 57, 3.3
+    g = torch.Generator().manual_seed(7)
+    positions, cell, pbc = _structure(kind, n, g)
+    periodic = torch.tensor(pbc)
+    safe = cell if periodic.any() else torch.eye(3, dtype=cell.dtype)
+    recip = reciprocal_rows(safe)
+    need = images_needed(recip, cutoff)
+    max_images = tuple(int(k) + 1 if p else 0 for k, p in zip(need.tolist(), pbc))
+    dense, _ = _both(positions, cell, pbc, cutoff, max_images)
+    pos = wrap_positions(positions, safe, recip, periodic.to(cell.dtype))
+    fullest = fullest_bin(pos, cell, recip, periodic, max_images, cutoff)
+    as_set = lambda r, s, i: set(zip(r.tolist(), s.tolist(), i.tolist()))  # noqa: E731
+    pairs = len(dense[0])
+    per_atom = torch.bincount(dense[0], minlength=n)
+    enough = -(-pairs // n) + 3
+    bins = fullest if search == "cells" else None
+    receivers, senders, image, real, overflow = fixed_pair_list(pos, cell, recip, periodic, max_images, cutoff, enough, bins)
+    assert receivers.shape == (n * enough,) and not bool(overflow)
+    assert as_set(receivers[real], senders[real], image[real]) == as_set(*dense) and int(real.sum()) == pairs
+    assert (receivers[1:] >= receivers[:-1]).all()
+    free = ~real
+    assert (senders[free] == receivers[free]).all() and (
+        image[free] == image_table(*max_images, cell.dtype, cell.device).shape[0] // 2
+    ).all()
+    share = -(-(n * enough - pairs) // n)
+    assert (torch.bincount(receivers, minlength=n) <= per_atom + share).all()
+    if pairs:  # too few slots: flagged
+        assert bool(fixed_pair_list(pos, cell, recip, periodic, max_images, cutoff, max(1, pairs // n - 1), bins)[4])
+    if search == "cells" and fullest > 1:  # a bin that holds fewer atoms than the fullest: flagged
+        assert bool(fixed_pair_list(pos, cell, recip, periodic, max_images, cutoff, enough, fullest - 1)[4])

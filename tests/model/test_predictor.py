@@ -118,3 +118,20 @@ def test_compiled_equals_eager_with_inductor_including_training_gradients():
         assert_close(co[k].detach(), eo[k].detach(), 1e-10, k)
     for a, b in zip(eg, cg):
         assert_close(b, a, 1e-10, "parameter gradient")
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_a_structure_without_pairs_has_the_energy_of_its_isolated_atoms(model, make_batch, pad):
+    """No pair within the cutoff (isolated atoms, one atom): no edges at all unpadded. The
+    energy is the sum of each atom alone, the forces zero (the generated backend once failed to
+    reshape its zero-row blocks)."""
+    from ase import Atoms
+
+    atoms = Atoms("COH", positions=[[0, 0, 0], [9.0, 0, 0], [0, 9.5, 0]])
+    batch = make_batch(model, [atoms])
+    assert batch.receivers.shape[0] == 0
+    out = Predictor(model, pad=pad)(batch, stress=True)
+    alone = sum(float(Predictor(model, pad=pad)(make_batch(model, [Atoms(s)]))["energy"][0]) for s in "COH")
+    assert abs(float(out["energy"][0]) - alone) < 1e-12
+    assert float(out["forces"].abs().max()) == 0.0 and float(out["stress"].abs().max()) == 0.0
+    assert float(out["energy"][0]) != 0.0
