@@ -191,6 +191,11 @@ def bench(name: str, args) -> list[dict]:
                     de, df = relative_differences(graphed(pos, numbers, cell, pbc), (ref["energy"][0], ref["forces"]))
                 except RuntimeError as err:
                     print(f"| {tag} | the same .pt2 in a CUDA graph: capture failed ({err}) | | | |", flush=True)
+                    # which operations of a plain call synchronise (ATen's sync debug mode warns for each)
+                    torch.cuda.synchronize()
+                    torch.cuda.set_sync_debug_mode("warn")
+                    pot._runner(pos, numbers, cell, pbc)
+                    torch.cuda.set_sync_debug_mode("default")
                     continue
                 emit(
                     rows,

@@ -74,7 +74,11 @@ class GraphedRunner:
                 self.runner(*inputs)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # "relaxed": the package's runner queries the CUDA event of its previous run
+        # (cudaEventQuery) to pick a free model instance, which the default "global" capture
+        # mode forbids on any thread ("operation not permitted when stream is capturing", H200,
+        # torch 2.11); the query touches no stream, so the captured work is the same
+        with torch.cuda.graph(graph, capture_error_mode="relaxed"):
             outputs = self.runner(*inputs)
         self.captures += 1
         return inputs, tuple(outputs), graph
