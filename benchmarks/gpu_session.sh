@@ -51,6 +51,7 @@
 #   trainprofile one GPU: both models' training-step kernel profiles (with the new weight-gradient split)
 #   fixed    one GPU: the fixed-capacity CUDA package in CUDA graphs (GPU test), then its Triton .pt2 on water
 #   fixeddiamond one GPU: the Triton .pt2 on the 1000-atom diamond, fixed capacity and sized by the structure
+#   fixed2   one GPU: the fixed-capacity Triton .pt2 on the diamond, then the GPU test after the capture change
 #   trainprofile2 one GPU: the compiled training step's kernel profile after the CSR change
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -377,6 +378,13 @@ fixeddiamond)
   timeout 560 python3 benchmarks/export.py --device cuda --structures diamond --formats aoti --triton --r-max 6 --repeat 50 --model $S \
     --neighbours cells --capacity fixed dynamic > "$out/export_diamond.log" 2>&1
   ;;
+fixed2)
+  # the fixed-capacity Triton .pt2 on the 1000-atom diamond (raw and in a CUDA graph), then the GPU
+  # test after the capture change (one run on the caller's stream first), one after the other
+  timeout 300 python3 benchmarks/export.py --device cuda --structures diamond --formats aoti --triton --r-max 6 --repeat 50 --model $S \
+    --neighbours cells --capacity fixed > "$out/export_diamond.log" 2>&1
+  gpu_tests 0 "$X::test_cuda_fixed_capacity_package_in_cuda_graphs_matches_predictor[dtype0-1e-05-True]:290" > "$out/tests_fixed.log" 2>&1
+  ;;
 trainprofile2)
   # the compiled training step's kernels after the CSR change (its compile alone takes about 3 minutes)
   timeout 560 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases training --compile-mode default --repeat 5 \
@@ -386,7 +394,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, trainprofile2 or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2 or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done
