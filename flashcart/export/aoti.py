@@ -18,8 +18,15 @@ Load it with ``torch._inductor.aoti_load_package(path)`` (Python) or
   that needs more (a smaller or more skewed cell), elements the model does not know and a
   singular periodic cell raise a ``RuntimeError`` that says so and how to re-export; there is
   no other capacity (atoms and edges are dynamic).
+* A fixed-capacity package (``fixed_capacity=True``, :class:`Capacity`) has ``N *
+  edges_per_atom`` edge slots and, with the binned search, bins of ``atoms_per_bin`` atoms. None
+  of its sizes depend on the data, and it never synchronises with the host, so a CUDA graph can
+  capture a call (:class:`~flashcart.export.graphed.GraphedRunner`). It returns NaN energy and
+  forces where the other packages raise, and also for more pairs or fuller bins than it holds;
+  :func:`~flashcart.export.load_exported` names the cause.
 * ``runner.get_metadata()`` holds ``flashcart_format``, ``elements``, ``cutoff``, ``dtype``,
-  ``device``, ``max_images`` and ``units``.
+  ``device``, ``max_images``, ``neighbours``, ``capacity`` (JSON ``null`` or the :class:`Capacity`),
+  ``on_failure`` (``raise`` or ``nan``) and ``units``.
 
 Built by tracing energy and its gradient with ``make_fx`` (``torch.export`` cannot trace
 ``torch.autograd.grad`` itself), exporting that graph with a dynamic atom count and compiling

@@ -11,6 +11,11 @@ image range that the cell's face distances call for is always enough.
 sorted into bins at least one cutoff wide, and each atom tests only the atoms of the
 neighbouring bins (``.pt2`` packages; the dense test's time grows as N² x images).
 
+:func:`fixed_pair_list` finds them, by either search, into ``N * edges_per_atom`` slots
+(:func:`fixed_slots`) with bins of a fixed capacity. It has no data-dependent size, so it never
+synchronises with the host (fixed-capacity ``.pt2`` packages). What does not fit is reported
+by a flag.
+
 Units are those of the caller (Å inside FlashCart's graphs); shapes as documented.
 """
 
