@@ -48,8 +48,10 @@ def test_torchscript_passes_the_battery(battery, check):
 
 
 @pytest.mark.parametrize("check", CHECKS)
-def test_aoti_package_passes_the_battery(small_model, package64, check):
-    pot = load_exported(package64)
+@pytest.mark.parametrize("package", ["package64", "package64_fixed"])
+def test_aoti_package_passes_the_battery(small_model, package, check, request):
+    """Both kinds of package: sized by the structure, and fixed-capacity (static sizes)."""
+    pot = load_exported(request.getfixturevalue(package))
 
     def run(atoms, stress):
         result = pot.evaluate(atoms.positions, atoms.numbers, atoms.cell.array, atoms.pbc)
