@@ -49,9 +49,9 @@ class ExportedPotential:
         if self.path.suffix == ".pt2":
             self._load_aoti(device)
             self._graphed = self._graph_runner(cuda_graph)
-        elif cuda_graph:
-            raise ValueError(f"{self.path}: cuda_graph=True needs a fixed-capacity .pt2 package on CUDA")
         elif self.path.suffix == ".pt":
+            if cuda_graph:
+                raise ValueError(f"{self.path}: cuda_graph=True needs a fixed-capacity .pt2 package on CUDA, not a TorchScript file")
             self._load_torchscript(device)
         else:
             raise ValueError(f"{self.path}: an exported model ends in .pt2 (AOTInductor) or .pt (TorchScript)")

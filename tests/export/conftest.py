@@ -111,18 +111,36 @@ def small_model() -> FlashCartPotential:
     return m
 
 
-@pytest.fixture(scope="session")
-def package64(small_model, tmp_path_factory):
-    """float64 package exported from a checkpoint by the command line, for up to 2 images per side."""
-    tmp = tmp_path_factory.mktemp("aoti")
-    save_checkpoint(small_model, tmp / "best")
+def cli_package(model: FlashCartPotential, tmp, name: str, *options: str):
+    """A float64 package of ``model`` for up to 2 images per side, exported on ethanol by the command
+    line as it is (with a quicker C++ build of the wrapper) into ``tmp / name``."""
+    save_checkpoint(model, tmp / "best")
     write(tmp / "ethanol.xyz", ethanol())
-    out = tmp / "ethanol.pt2"
-    argv = [str(tmp / "best"), "--format", "aoti", "--structure", str(tmp / "ethanol.xyz"), "-o", str(out)]
-    with pytest.MonkeyPatch.context() as mp:  # the command line as it is, with a quicker C++ build of the wrapper
+    out = tmp / name
+    argv = [str(tmp / "best"), "--format", "aoti", "--structure", str(tmp / "ethanol.xyz"), "-o", str(out), *options]
+    with pytest.MonkeyPatch.context() as mp:
         mp.setattr(flashcart.export, "export_aoti", functools.partial(flashcart.export.export_aoti, inductor_configs=FAST_COMPILE))
         assert export_main(argv + ["--dtype", "float64", "--max-images", "2", "--no-progress"]) == 0
     return out
+
+
+def package_inputs(cases: dict, dtype: torch.dtype, device: str = "cpu") -> dict:
+    """``{name: (positions, atomic_numbers, cell, pbc)}``: a package's inputs for each structure of ``cases``."""
+    return {
+        name: (
+            torch.tensor(a.positions, dtype=dtype, device=device),
+            torch.tensor(a.numbers, dtype=torch.long, device=device),
+            torch.tensor(a.cell.array, dtype=dtype, device=device),
+            torch.tensor(a.pbc, dtype=torch.bool, device=device),
+        )
+        for name, a in cases.items()
+    }
+
+
+@pytest.fixture(scope="session")
+def package64(small_model, tmp_path_factory):
+    """float64 package exported from a checkpoint by the command line, for up to 2 images per side."""
+    return cli_package(small_model, tmp_path_factory.mktemp("aoti"), "ethanol.pt2")
 
 
 @pytest.fixture(scope="session")
@@ -141,14 +159,6 @@ FIXED = {"edges_per_atom": 64, "atoms_per_bin": 12}  # the fixed-capacity packag
 
 @pytest.fixture(scope="session")
 def package64_fixed(small_model, tmp_path_factory):
-    """As ``package64``, with fixed capacities (:data:`FIXED`), exported by the command line."""
-    tmp = tmp_path_factory.mktemp("aoti_fixed")
-    save_checkpoint(small_model, tmp / "best")
-    write(tmp / "ethanol.xyz", ethanol())
-    out = tmp / "ethanol_fixed.pt2"
-    argv = [str(tmp / "best"), "--format", "aoti", "--structure", str(tmp / "ethanol.xyz"), "-o", str(out), "--fixed-capacity"]
-    argv += ["--edges-per-atom", str(FIXED["edges_per_atom"]), "--atoms-per-bin", str(FIXED["atoms_per_bin"])]
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(flashcart.export, "export_aoti", functools.partial(flashcart.export.export_aoti, inductor_configs=FAST_COMPILE))
-        assert export_main(argv + ["--dtype", "float64", "--max-images", "2", "--no-progress"]) == 0
-    return out
+    """As ``package64``, with fixed capacities (:data:`FIXED`)."""
+    sizes = ["--edges-per-atom", str(FIXED["edges_per_atom"]), "--atoms-per-bin", str(FIXED["atoms_per_bin"])]
+    return cli_package(small_model, tmp_path_factory.mktemp("aoti_fixed"), "ethanol_fixed.pt2", "--fixed-capacity", *sizes)

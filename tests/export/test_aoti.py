@@ -18,7 +18,17 @@ from ase import Atoms
 from flashcart.export import build_torchscript, export_aoti, load_exported
 from flashcart.units import KJ_PER_MOL_PER_EV
 
-from .conftest import ELEMENTS, FAST_COMPILE, assert_matches, crystal, ethanol, other_molecule, perturbed, predictor_reference
+from .conftest import (
+    ELEMENTS,
+    FAST_COMPILE,
+    assert_matches,
+    crystal,
+    ethanol,
+    other_molecule,
+    package_inputs,
+    perturbed,
+    predictor_reference,
+)
 
 
 def _cases():
@@ -68,25 +78,22 @@ RUNNER = textwrap.dedent(
 )
 
 
+def run_isolated(package, inputs: dict, tmp_path) -> tuple[dict, subprocess.CompletedProcess]:
+    """``package`` run on each of ``inputs`` (:func:`~.conftest.package_inputs`) by :data:`RUNNER`,
+    in a process that cannot import flashcart: ``({name: (energy, forces) or error text}, process)``."""
+    torch.save(inputs, tmp_path / "inputs.pt")
+    cmd = [sys.executable, "-I", "-c", RUNNER, str(package), str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt")]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return torch.load(tmp_path / "out.pt"), proc
+
+
 @pytest.mark.parametrize("package", ["package64", "package64_all_pairs"])
 def test_package_without_flashcart_matches_predictor(small_model, package, tmp_path, request):
     """Both neighbour searches (binned, the default; all pairs)."""
     package64 = request.getfixturevalue(package)
     cases = _cases()
-    inputs = {
-        name: (
-            torch.tensor(a.positions, dtype=torch.float64),
-            torch.tensor(a.numbers, dtype=torch.long),
-            torch.tensor(a.cell.array, dtype=torch.float64),
-            torch.tensor(a.pbc, dtype=torch.bool),
-        )
-        for name, a in cases.items()
-    }
-    torch.save(inputs, tmp_path / "inputs.pt")
-    cmd = [sys.executable, "-I", "-c", RUNNER, str(package64), str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt")]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = torch.load(tmp_path / "out.pt")
+    results, proc = run_isolated(package64, package_inputs(cases, torch.float64), tmp_path)
     for name in ("exported structure, moved", "other molecule", "crystal", "small cell", "slab"):
         assert not isinstance(results[name], str), f"{name}: {results[name]}"
         energy, forces = results[name]

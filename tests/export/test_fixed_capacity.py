@@ -4,9 +4,6 @@ explanation of that NaN."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import torch
@@ -15,8 +12,8 @@ from ase import Atoms
 from flashcart.export import export_aoti, load_exported
 from flashcart.export.aoti import Capacity, plan_capacity
 
-from .conftest import FIXED, assert_matches, crystal, ethanol, predictor_reference
-from .test_aoti import RUNNER, _cases
+from .conftest import FIXED, assert_matches, crystal, ethanol, package_inputs, predictor_reference
+from .test_aoti import _cases, run_isolated
 
 
 def _dense_cell() -> Atoms:
@@ -32,20 +29,7 @@ def _crowded_molecule() -> Atoms:
 
 def test_fixed_package_without_flashcart_matches_predictor_and_returns_nan_beyond(small_model, package64_fixed, tmp_path):
     cases = {**_cases(), "dense cell": _dense_cell(), "crowded molecule": _crowded_molecule()}
-    inputs = {
-        name: (
-            torch.tensor(a.positions, dtype=torch.float64),
-            torch.tensor(a.numbers, dtype=torch.long),
-            torch.tensor(a.cell.array, dtype=torch.float64),
-            torch.tensor(a.pbc, dtype=torch.bool),
-        )
-        for name, a in cases.items()
-    }
-    torch.save(inputs, tmp_path / "inputs.pt")
-    cmd = [sys.executable, "-I", "-c", RUNNER, str(package64_fixed), str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt")]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = torch.load(tmp_path / "out.pt")
+    results, _ = run_isolated(package64_fixed, package_inputs(cases, torch.float64), tmp_path)
     for name in ("exported structure, moved", "other molecule", "crystal", "small cell", "slab", "isolated atoms", "one atom"):
         assert not isinstance(results[name], str), f"{name}: {results[name]}"
         energy, forces = results[name]

@@ -9,7 +9,7 @@ from flashcart.export import export_torchscript, load_exported
 from flashcart.export.aoti import build_aoti_graph
 from flashcart.model import FlashCartPotential
 
-from .conftest import ELEMENTS, assert_matches, crystal, ethanol, make_model, other_molecule, perturbed, predictor_reference
+from .conftest import ELEMENTS, assert_matches, crystal, ethanol, make_model, other_molecule, package_inputs, perturbed, predictor_reference
 from .test_aoti import RUNNER
 
 pytestmark = pytest.mark.gpu
@@ -97,15 +97,7 @@ def test_cuda_package_matches_predictor(tmp_path, dtype, tol, triton, neighbours
         "small cell": small,
         "too small cell": tiny,
     }
-    inputs = {
-        k: (
-            torch.tensor(a.positions, dtype=dtype, device="cuda"),
-            torch.tensor(a.numbers, dtype=torch.long, device="cuda"),
-            torch.tensor(a.cell.array, dtype=dtype, device="cuda"),
-            torch.tensor(a.pbc, device="cuda"),
-        )
-        for k, a in cases.items()
-    }
+    inputs = package_inputs(cases, dtype, "cuda")
     torch.save(inputs, tmp_path / "inputs.pt")
     # in a process where flashcart cannot be imported: the kernels are compiled into the package
     said = _stage(
@@ -160,15 +152,7 @@ def test_cuda_fixed_capacity_package_in_cuda_graphs_matches_predictor(tmp_path, 
     small = crystal()
     small.set_cell(small.cell.array * 0.72, scale_atoms=True)
     cases = [perturbed(ethanol(), 1), other_molecule(), perturbed(crystal(), 2, strain=0.03), small, perturbed(ethanol(), 5)]
-    inputs = {
-        str(k): (
-            torch.tensor(a.positions, dtype=dtype, device="cuda"),
-            torch.tensor(a.numbers, dtype=torch.long, device="cuda"),
-            torch.tensor(a.cell.array, dtype=dtype, device="cuda"),
-            torch.tensor(a.pbc, device="cuda"),
-        )
-        for k, a in enumerate(cases)
-    }
+    inputs = package_inputs({str(k): a for k, a in enumerate(cases)}, dtype, "cuda")
     torch.save(inputs, tmp_path / "inputs.pt")
     _stage("run without flashcart", RUNNER, path, tmp_path / "inputs.pt", tmp_path / "out.pt", cwd=tmp_path, isolated=True)
     isolated = torch.load(tmp_path / "out.pt")
