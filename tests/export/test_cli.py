@@ -63,6 +63,22 @@ def test_missing_structure_and_bad_options(checkpoint, structure, tmp_path, caps
     )
     wrong = tmp_path / "m.pt2"
     _fails(capsys, [checkpoint, "--format", "torchscript", "--structure", structure, "-o", wrong], "must end in .pt", wrong)
+    _fails(capsys, base + ["--structure", structure, "--fixed-capacity"], "--fixed-capacity applies to --format aoti only", out)
+    aoti = [checkpoint, "--format", "aoti", "--structure", structure, "-o", wrong]
+    _fails(capsys, aoti + ["--edges-per-atom", "40"], "--edges-per-atom applies with --fixed-capacity only", wrong)
+    _fails(capsys, aoti + ["--fixed-capacity", "--atoms-per-bin", "0"], "--atoms-per-bin must be a positive integer, got 0", wrong)
+    _fails(
+        capsys,
+        aoti + ["--fixed-capacity", "--neighbours", "all-pairs", "--atoms-per-bin", "9"],
+        "--atoms-per-bin applies to the binned search (--neighbours cells), not all-pairs",
+        wrong,
+    )
+    _fails(
+        capsys,
+        aoti + ["--fixed-capacity", "--edges-per-atom", "1"],
+        "edges_per_atom=1 is below what the export structure itself needs",
+        wrong,
+    )
 
 
 def test_torchscript_end_to_end(model, checkpoint, structure, tmp_path, capsys):
