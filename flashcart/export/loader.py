@@ -248,6 +248,9 @@ def md_evaluator(cfg: dict, out=print) -> ExportedPotential:
     if cfg["engine_step"] != "auto":
         raise ConfigError(f"key 'engine_step': {pot.path} runs its own step (neighbour list inside); leave engine_step=auto")
     what = f"{pot.format}, {dtype}, {pot.device.type}"
+    if pot.capacity is not None:
+        what += f", fixed capacity: {pot.capacity.edges_per_atom} edge slots per atom"
+        what += ", replayed as a CUDA graph" if pot._graphed is not None else ""
     notes = [f"[md] exported model {pot.path} ({what}): neighbour list built inside on every step, skin and headroom not used"]
     if cfg.get("compare_profile"):
         notes.append("[md] compare_profile: needs a checkpoint, skipped for an exported model")

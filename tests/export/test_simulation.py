@@ -42,9 +42,11 @@ def test_openmm_force_takes_a_package(small_model, package64):
         create_force(str(package64), [11, 1], periodic=False)
 
 
-def test_flashcart_md_runs_from_the_package(package64, tmp_path):
+@pytest.mark.parametrize("package", ["package64", "package64_fixed"])
+def test_flashcart_md_runs_from_the_package(package, tmp_path, request):
     from flashcart.simulation.md import load_md_config, run_md
 
+    package64 = request.getfixturevalue(package)
     write(tmp_path / "ethanol.xyz", ethanol())
     cfg = load_md_config(
         overrides=[
@@ -65,6 +67,8 @@ def test_flashcart_md_runs_from_the_package(package64, tmp_path):
     energies = [float(line.split()[4]) for line in log[1:]]
     assert np.ptp(energies) < 1e-2  # NVE: the total energy is conserved (tiny steps of a smooth model)
     assert any("exported model" in line for line in lines)
+    if package == "package64_fixed":  # the capacity is reported (on a CPU there is no CUDA graph)
+        assert any("fixed capacity: 64 edge slots per atom" in line and "CUDA graph" not in line for line in lines)
     bad = load_md_config(
         overrides=[
             f"model={package64}",
