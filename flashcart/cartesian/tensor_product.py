@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ._backend import check_backend, check_rank, resolve_backend, torch_ops
@@ -155,8 +157,5 @@ class TensorProduct(torch.nn.Module):
                     block = block + o
             else:
                 block = torch.stack(outs, dim=2)
-            width = 1
-            for size in block.shape[1:]:
-                width = width * size
-            blocks.append(block.expand(rows, *block.shape[1:]).reshape(rows, width))  # not -1: rows may be 0
+            blocks.append(block.expand(rows, *block.shape[1:]).reshape(rows, math.prod(block.shape[1:])))  # not -1: rows may be 0
         return torch.cat(blocks, dim=1)

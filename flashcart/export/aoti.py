@@ -73,7 +73,7 @@ __all__ = [
     "build_aoti_graph",
     "Capacity",
     "plan_capacity",
-    "export_structure_sizes",
+    "structure_sizes",
     "EDGE_HEADROOM",
     "BIN_HEADROOM",
     "check_package_loads",
@@ -235,10 +235,14 @@ def _images(atoms, cutoff: float, max_images: int | None) -> tuple[int, int, int
     return (max_images,) * 3
 
 
-def export_structure_sizes(atoms, cutoff: float, max_images: tuple[int, int, int], neighbours: str) -> tuple[int, int | None]:
-    """``(pairs, fullest bin)`` of ``atoms`` as a package's search finds them (fullest bin
-    ``None`` with all pairs), computed on the CPU in float64."""
-    positions, _, cell, pbc = _example(atoms, torch.float64, torch.device("cpu"))
+def structure_sizes(
+    positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor, cutoff: float, max_images: tuple[int, int, int], neighbours: str
+) -> tuple[int, int | None]:
+    """``(pairs, fullest bin)`` of a structure (positions ``[N, 3]`` Å, cell ``[3, 3]`` Å, pbc
+    ``[3]``) as a package's search finds them (fullest bin ``None`` with all pairs), computed
+    on the CPU in float64."""
+    positions = positions.detach().to("cpu", torch.float64)
+    cell, pbc = cell.detach().to("cpu", torch.float64), pbc.to("cpu", torch.bool)
     any_pbc = bool(pbc.any())
     safe = cell if any_pbc else torch.eye(3, dtype=torch.float64)
     recip = reciprocal_rows(safe)
@@ -263,7 +267,8 @@ def plan_capacity(
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if atoms_per_bin is not None and neighbours != "cells":
         raise ValueError(f"atoms_per_bin applies to the binned search (neighbours='cells'), not {neighbours!r}")
-    pairs, fullest = export_structure_sizes(atoms, cutoff, max_images, neighbours)
+    positions, _, cell, pbc = _example(atoms, torch.float64, torch.device("cpu"))
+    pairs, fullest = structure_sizes(positions, cell, pbc, cutoff, max_images, neighbours)
     if edges_per_atom is None:
         edges_per_atom = max(1, math.ceil(pairs / len(atoms) * (1.0 + EDGE_HEADROOM)))
     elif edges_per_atom * len(atoms) < pairs:

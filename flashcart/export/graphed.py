@@ -67,10 +67,6 @@ class GraphedRunner:
 
     def _capture(self, *args):
         inputs = tuple(t.clone() for t in args)
-        # a first run on the caller's stream: on the H200 (torch 2.11) a package whose first run
-        # in the process was on a side stream failed ("invalid argument"); after runs on the
-        # caller's stream, side-stream runs and the capture worked
-        self.runner(*inputs)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):

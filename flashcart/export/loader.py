@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from .aoti import FORMAT as AOTI_FORMAT
-from .aoti import REEXPORT_HINT, Capacity, export_structure_sizes
+from .aoti import REEXPORT_HINT, Capacity, structure_sizes
 from .graphed import GraphedRunner
 from .neighbors import images_needed, reciprocal_rows
 from .torchscript import EV_TO_KJ_PER_MOL, NM_TO_ANGSTROM
@@ -163,17 +163,8 @@ class ExportedPotential:
     def _explain_overflow(self, pos: torch.Tensor, z: torch.Tensor, c: torch.Tensor, p: torch.Tensor) -> None:
         """Raise ``ValueError`` when the structure needs more edge slots or bin capacity than a
         fixed-capacity package has, with the sizes it needs."""
-        from ase import Atoms
-
-        atoms = Atoms(
-            numbers=z.cpu().numpy(),
-            positions=pos.detach().cpu().double().numpy(),
-            cell=c.detach().cpu().double().numpy(),
-            pbc=p.cpu().numpy(),
-        )
-        images = tuple(self.max_images)
-        pairs, fullest = export_structure_sizes(atoms, self.cutoff, images, self.neighbours)
-        n, cap = len(atoms), self.capacity
+        pairs, fullest = structure_sizes(pos, c, p, self.cutoff, tuple(self.max_images), self.neighbours)
+        n, cap = pos.shape[0], self.capacity
         command = "flashcart-export CHECKPOINT --format aoti --fixed-capacity {} --structure FILE -o OUT"
         if pairs > n * cap.edges_per_atom:
             raise ValueError(

@@ -94,15 +94,20 @@ def pair_list(positions: Tensor, offsets: Tensor, allowed: Tensor, cutoff: float
         cutoff: pairs with distance ``< cutoff`` are kept; an atom is never its own neighbour
             in the zero image.
     """
+    idx = _pair_mask(positions, offsets, allowed, cutoff).nonzero()
+    return idx[:, 0], idx[:, 2], idx[:, 1]
+
+
+def _pair_mask(positions: Tensor, offsets: Tensor, allowed: Tensor, cutoff: float) -> Tensor:
+    """``[N, S, N]`` bool: receiver ``i``, image ``s``, sender ``j`` within ``cutoff`` (arguments
+    of :func:`pair_list`)."""
     n = positions.shape[0]
     s = offsets.shape[0]
     d = positions[None, None, :, :] + offsets[None, :, None, :] - positions[:, None, None, :]  # [N, S, N, 3]
     r2 = (d * d).sum(-1)
     zero_image = torch.arange(s, device=positions.device) == s // 2
     itself = torch.eye(n, dtype=torch.bool, device=positions.device)[:, None, :] & zero_image[None, :, None]
-    mask = (r2 < cutoff * cutoff) & allowed[None, :, None] & ~itself
-    idx = mask.nonzero()
-    return idx[:, 0], idx[:, 2], idx[:, 1]
+    return (r2 < cutoff * cutoff) & allowed[None, :, None] & ~itself
 
 
 def _bin_candidates(
@@ -264,14 +269,7 @@ def fixed_pair_list(
     zero_image = table.shape[0] // 2
     if atoms_per_bin is None:
         allowed = ((table == 0) | periodic[None, :]).all(dim=1)
-        s = table.shape[0]
-        d = positions[None, None, :, :] + (table @ cell)[None, :, None, :] - positions[:, None, None, :]  # [N, S, N, 3]
-        r2 = (d * d).sum(-1)
-        itself = (
-            torch.eye(n, dtype=torch.bool, device=positions.device)[:, None, :]
-            & (torch.arange(s, device=positions.device) == zero_image)[None, :, None]
-        )
-        mask = (r2 < cutoff * cutoff) & allowed[None, :, None] & ~itself
+        mask = _pair_mask(positions, table @ cell, allowed, cutoff)
         receivers, candidate, real, count = fixed_slots(mask.reshape(n, -1), edges_per_atom)
         senders, image = candidate % n, torch.div(candidate, n, rounding_mode="floor")
         crowded = torch.zeros((), dtype=torch.bool, device=positions.device)
