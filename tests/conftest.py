@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -50,11 +51,15 @@ def no_tf32():
     _set_global_torch_state(state)
 
 
+# Tests cover product paths up to rank 4; both variables are read when flashcart.cartesian is
+# first imported. Set here, at this conftest's import, which comes before any deeper conftest
+# imports flashcart (set in pytest_configure, they came too late when pytest was given a
+# subdirectory's files first, e.g. tests/model/test_predictor.py tests/cartesian/...).
+os.environ.setdefault("FLASHCART_KERNEL_L_MAX", "4")
+os.environ.setdefault("FLASHCART_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".pytest_cache" / "flashcart"))
+
+
 def pytest_configure(config):
-    # Tests cover product paths up to rank 4; both variables are read when flashcart.cartesian
-    # is first imported, which happens after this hook.
-    os.environ.setdefault("FLASHCART_KERNEL_L_MAX", "4")
-    os.environ.setdefault("FLASHCART_CACHE_DIR", str(config.rootpath / ".pytest_cache" / "flashcart"))
     config.addinivalue_line("markers", "gpu: needs a CUDA device (run with -m gpu on the GPU machine)")
     config.addinivalue_line("markers", "slow: long-running test")
 
