@@ -53,6 +53,14 @@
 #   fixeddiamond one GPU: the Triton .pt2 on the 1000-atom diamond, fixed capacity and sized by the structure
 #   fixed2   one GPU: the fixed-capacity Triton .pt2 on the diamond, then the GPU test after the capture change
 #   trainprofile2 one GPU: the compiled training step's kernel profile after the CSR change
+#   fixedprofile one GPU: both fixed-capacity package GPU tests (packages kept), the compiled training
+#            step's kernel profile beside them; then where a failing package fails (diagnose_fixed.py)
+#   edgeblocks one GPU: where the fixed package fails (streams, loader; diagnose_fixed.py exports it) beside
+#            the tensor-product GPU parity tests; then the kernel timings for each BLOCK_E and the eager A/B
+#   final3   one GPU: the fixed-capacity package GPU test (single-threaded runner under the graphs), then the
+#            eager profiler with plain and pre-bound Triton launches, alternating (two processes each)
+#   nextcall one GPU, the next session's first call: the TorchScript file on water and the diamond next to
+#            the Predictor (issue 12's last measurement), then the eager A/B with the profiler's loop shape
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
 # Each GPU writes one log per part into OUT (the device tool returns at most 8 files).
@@ -393,11 +401,43 @@ trainprofile2)
   timeout 560 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases training --compile-mode default --repeat 5 \
     --rows 30 > "$out/kernel_profile_training_compiled.log" 2>&1
   ;;
+fixedprofile)
+  for v in "dtype0-1e-05-True" "dtype1-1e-10-False"; do
+    (CUDA_VISIBLE_DEVICES=0 timeout -s INT -k 20 430 python3 -m pytest -q -m gpu "$X::test_cuda_fixed_capacity_package_in_cuda_graphs_matches_predictor[$v]" \
+      -p no:cacheprovider -p no:logging --tb=short -rfE --basetemp=/tmp/pt_$v) > "$out/tests_fixed_$v.log" 2>&1 &
+  done
+  timeout 440 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases training --compile-mode default --repeat 5 \
+    --rows 30 > "$out/kernel_profile_training_compiled.log" 2>&1
+  wait
+  for d in /tmp/pt_dtype*; do
+    pkg=$(ls $d/*/m.pt2 2>/dev/null | head -1); inp=$(ls $d/*/inputs.pt 2>/dev/null | head -1)
+    [ -n "$pkg" ] && [ -n "$inp" ] && timeout 60 python3 benchmarks/diagnose_fixed.py "$pkg" "$inp" >> "$out/diagnose_fixed.log" 2>&1
+  done
+  ;;
+edgeblocks)
+  timeout 470 python3 benchmarks/diagnose_fixed.py /tmp/diagfixed > "$out/diagnose_fixed.log" 2>&1 &
+  timeout -s INT -k 20 150 python3 -m pytest -q -m gpu tests/cartesian/test_triton_parity.py -k "tensor_product_parity or edge_block" \
+    -p no:cacheprovider -p no:logging --tb=short -rfE > "$out/tests_parity.log" 2>&1
+  timeout 200 python3 benchmarks/kernels.py --features 20 64 --backends triton --dbwd fused --edge-blocks 1 2 4 8 > "$out/kernels.log" 2>&1
+  wait
+  timeout 100 python3 benchmarks/eager_overhead.py --device cuda --model i2c3f20l2r --structure diamond > "$out/eager.log" 2>&1
+  ;;
+final3)
+  gpu_tests 0 "$X::test_cuda_fixed_capacity_package_in_cuda_graphs_matches_predictor[dtype0-1e-05-True]:330" > "$out/tests_fixed.log" 2>&1
+  for v in 0 1 0 1; do
+    echo "=== FLASHCART_PREBOUND_LAUNCH=$v"; FLASHCART_PREBOUND_LAUNCH=$v profile_run S eager inference 45
+  done > "$out/profile_eager.log" 2>&1
+  ;;
+nextcall)
+  timeout 300 python3 benchmarks/export.py --device cuda --structures water diamond --formats torchscript --r-max 6 --repeat 50 \
+    --model $S > "$out/export_torchscript.log" 2>&1
+  timeout 150 python3 benchmarks/eager_overhead.py --device cuda --model i2c3f20l2r --structure diamond > "$out/eager.log" 2>&1
+  ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2 or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

@@ -19,7 +19,8 @@ __all__ = ["GraphedRunner"]
 
 class GraphedRunner:
     """``__call__(positions [N, 3], numbers [N], cell [3, 3], pbc [3]) -> (energy [], forces [N, 3])``
-    of ``runner`` (a loaded fixed-capacity CUDA package), through CUDA graphs.
+    of ``runner`` (a fixed-capacity CUDA package loaded with ``run_single_threaded=True``: the
+    default runner's event query fails on the first run after a capture), through CUDA graphs.
 
     The first call with ``N`` atoms runs the package ``warmup`` times on a side stream and
     captures one call between static input and output tensors; later calls with ``N`` atoms copy
@@ -74,10 +75,12 @@ class GraphedRunner:
                 self.runner(*inputs)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        # "relaxed": the package's runner queries the CUDA event of its previous run
-        # (cudaEventQuery) to pick a free model instance, which the default "global" capture
+        # "relaxed": the default (multi-threaded) runner queries the CUDA event of its previous
+        # run (cudaEventQuery) to pick a free model instance, which the default "global" capture
         # mode forbids on any thread ("operation not permitted when stream is capturing", H200,
-        # torch 2.11); the query touches no stream, so the captured work is the same
+        # torch 2.11); the query touches no stream, so the captured work is the same. The
+        # loader passes the single-threaded runner, which makes no such query (after a capture
+        # the query fails; see ExportedPotential._graph_runner); relaxed mode stays, as verified.
         with torch.cuda.graph(graph, capture_error_mode="relaxed"):
             outputs = self.runner(*inputs)
         self.captures += 1

@@ -33,8 +33,10 @@ class ExportedPotential:
     simulation adapters (ASE, OpenMM, ``flashcart-md``) can run on an exported file.
 
     A fixed-capacity package (``capacity`` not ``None``) on CUDA runs as a CUDA graph per atom
-    count (:class:`~flashcart.export.graphed.GraphedRunner`) unless ``cuda_graph=False``; its NaN
-    result for a structure it cannot evaluate becomes a ``ValueError`` naming why.
+    count (:class:`~flashcart.export.graphed.GraphedRunner`, through the package's
+    single-threaded runner) unless ``cuda_graph=False``; its NaN result for a structure it
+    cannot evaluate becomes a ``ValueError`` naming why. Such an object is not meant to be
+    called from several threads at once.
     """
 
     def __init__(self, path: str | Path, device: str | None = None, cuda_graph: bool | None = None):
@@ -83,7 +85,17 @@ class ExportedPotential:
             raise ValueError(
                 f"{self.path}: cuda_graph=True needs a fixed-capacity package on CUDA (re-export with --fixed-capacity --device cuda)"
             )
-        return GraphedRunner(self._runner, strict=bool(cuda_graph)) if capturable and cuda_graph is not False else None
+        if not capturable or cuda_graph is False:
+            return None
+        # The default runner picks a free model instance by querying the CUDA event of its
+        # previous run; once a run was captured into a graph that query fails ("The model did
+        # not finish successfully. Error: invalid argument", torch 2.11 on the H200: the first
+        # call after a capture, e.g. a second atom count). The single-threaded runner keeps no
+        # such events (torch: "useful to avoid conflicts with CUDAGraphs"); it is not for
+        # concurrent calls from several threads, which FlashCart's simulation code never makes.
+        self._runner = None  # one loaded copy at a time
+        self._runner = torch._inductor.aoti_load_package(str(self.path), run_single_threaded=True)
+        return GraphedRunner(self._runner, strict=bool(cuda_graph))
 
     def _load_torchscript(self, device: str | None) -> None:
         try:

@@ -1,0 +1,159 @@
+"""Where an eager force call's time goes on the GPU, and A/B of host-side options in one process (issue 14).
+
+An eager i2c3f20l2r force call on the 1000-atom diamond takes 16-18 ms on the H200 while its
+kernels sum to about 3.9 ms: the host issues the work slower than the GPU runs it. This script:
+
+1. times the eager force call (energy + forces, the profiler's protocol: float32, TF32 off,
+   synchronised, median) for each variant, **interleaved in one process** (rounds of
+   ``--per-round`` calls per variant, ``--rounds`` rounds), so that the 1-2 ms differences
+   between processes seen on the device machine do not decide the comparison; per call
+   synchronised (median, min) and as ``flashcart-profile``'s timer runs them (``--per-round``
+   calls back to back, one synchronisation);
+2. profiles one variant's calls with the torch profiler: host time per call spent in ATen ops
+   (by op), in FlashCart's custom ops (Triton launches included) and the GPU's busy time.
+
+Variants (``--variants``): ``plain``; ``prebound`` (``FLASHCART_PREBOUND_LAUNCH``'s pre-bound
+Triton launches, switched on in-process).
+
+    python benchmarks/eager_overhead.py --device cuda --model i2c3f20l2r --structure diamond
+    python benchmarks/eager_overhead.py --device cpu --model tiny --structure ethanol --rounds 2   # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.kernel_profile import MODELS, build  # noqa: E402
+from flashcart.cartesian._triton import launcher  # noqa: E402
+from flashcart.model.predictor import Predictor  # noqa: E402
+from flashcart.profiling import synchronize  # noqa: E402
+
+
+def _set_variant(name: str) -> None:
+    launcher.ENABLED = name == "prebound"
+
+
+VARIANTS = ("plain", "prebound")
+
+
+def timed(fn, device, calls: int) -> list[float]:
+    """Seconds per call of ``calls`` synchronised calls."""
+    out = []
+    for _ in range(calls):
+        synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        synchronize(device)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def back_to_back(fn, device, calls: int) -> float:
+    """Seconds per call of ``calls`` calls issued back to back, one synchronisation at the end
+    (the loop of ``flashcart-profile``'s timer)."""
+    synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    synchronize(device)
+    return (time.perf_counter() - t0) / calls
+
+
+def issue_time(fn, device, calls: int) -> float:
+    """Median host seconds to issue one call while the GPU still runs the previous ones (no
+    synchronisation inside the loop; the host's own cost of the call)."""
+    out = []
+    synchronize(device)
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    synchronize(device)
+    return statistics.median(out)
+
+
+def host_breakdown(fn, device, calls: int, rows: int) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    synchronize(device)
+    with profile(activities=acts) as prof:
+        for _ in range(calls):
+            fn()
+        synchronize(device)
+    top = collections.Counter()
+    count = collections.Counter()
+    kernel_us = 0.0
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            if not e.name.startswith(("flashcart::", "aten::")):
+                kernel_us += e.device_time_total
+            continue
+    for e in prof.key_averages():
+        if e.key.startswith(("aten::", "flashcart::", "autograd::", "Optimizer", "cuda")) or "Backward" in e.key:
+            top[e.key] += e.self_cpu_time_total
+            count[e.key] += e.count
+    total = sum(top.values())
+    per_call = f"host self time in ops {total / calls / 1e3:.2f} ms/call; GPU kernels {kernel_us / calls / 1e3:.2f} ms/call"
+    print(f"[profile] {calls} calls; {per_call}")
+    print(f"{'op (host self time)':<52} {'calls':>7} {'ms/call':>8} {'us each':>8}")
+    for k, us in top.most_common(rows):
+        print(f"{k[:52]:<52} {count[k] / calls:>7.0f} {us / calls / 1e3:>8.3f} {us / max(count[k], 1):>8.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--model", default="i2c3f20l2r", help=f"one of {list(MODELS)}")
+    parser.add_argument("--option", nargs="*", default=[])
+    parser.add_argument("--structure", default="diamond")
+    parser.add_argument("--r-max", type=float, default=6.0)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--per-round", type=int, default=10)
+    parser.add_argument("--profile-calls", type=int, default=5)
+    parser.add_argument("--rows", type=int, default=30)
+    args = parser.parse_args()
+    args.compile_mode = None
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    device = torch.device(args.device)
+    model, batch = build(args, device)
+    predictor = Predictor(model, compile=False, pad=False)
+
+    def force():
+        predictor(batch, forces=True)
+
+    print(f"[setup] {args.model} on {args.structure} ({batch.positions.shape[0]} atoms, {batch.receivers.shape[0]} edges), eager, float32")
+    times = {v: [] for v in args.variants}
+    loops = {v: [] for v in args.variants}
+    issue = {v: [] for v in args.variants}
+    for v in args.variants:  # warm-up: compile every kernel, bind every launcher
+        _set_variant(v)
+        timed(force, device, 3)
+    for _ in range(args.rounds):
+        for v in args.variants:
+            _set_variant(v)
+            times[v] += timed(force, device, args.per_round)
+            loops[v].append(back_to_back(force, device, args.per_round))
+            issue[v].append(issue_time(force, device, 3))
+    print(f"{'variant':<12} {'ms/call (median)':>17} {'min':>8} {'back to back':>13} {'host issue ms':>14}")
+    for v in args.variants:
+        row = f"{statistics.median(times[v]) * 1e3:>17.3f} {min(times[v]) * 1e3:>8.3f} {statistics.median(loops[v]) * 1e3:>13.3f}"
+        print(f"{v:<12} {row} {statistics.median(issue[v]) * 1e3:>14.3f}")
+    _set_variant(args.variants[0])
+    host_breakdown(force, device, args.profile_calls, args.rows)
+
+
+if __name__ == "__main__":
+    main()
