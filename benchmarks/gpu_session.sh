@@ -57,6 +57,8 @@
 #            step's kernel profile beside them; then where a failing package fails (diagnose_fixed.py)
 #   edgeblocks one GPU: where the fixed package fails (streams, loader; diagnose_fixed.py exports it) beside
 #            the tensor-product GPU parity tests; then the kernel timings for each BLOCK_E and the eager A/B
+#            (kernels.py's --edge-blocks and the edge-blocked walks were removed after this call: slower at
+#            every block size, benchmarks/RESULTS.md 2026-12-02 morning)
 #   final3   one GPU: the fixed-capacity package GPU test (single-threaded runner under the graphs), then the
 #            eager profiler with plain and pre-bound Triton launches, alternating (two processes each)
 #   nextcall one GPU, the next session's first call: the TorchScript file on water and the diamond next to

@@ -13,10 +13,11 @@ options and the device. The arguments are passed in the kernel's declaration ord
 included; the launcher drops them), the scratch buffers are the launcher's own.
 
 Off unless ``FLASHCART_PREBOUND_LAUNCH=1`` (read at import; :data:`ENABLED` may be assigned).
-On the H200 (triton 3.6, 2026-12-01 night) pre-bound launches equal plain ones (1e-12, float64)
-but the eager profiler measured no gain: triton 3.6 binds arguments natively, and the 6.9 ms
-that cProfile had charged to its launcher per force call was mostly the profiler's own
-overhead (benchmarks/RESULTS.md). It never applies under ``TRITON_INTERPRET=1`` (the kernels are then not
+On the H200 (triton 3.6, 2026-12-01 night) pre-bound launches equal plain ones (1e-12, float64).
+Timed interleaved in one process (benchmarks/eager_overhead.py, 2026-12-02), an eager
+i2c3f20l2r force call took 12.28 instead of 13.40 ms. The eager profiler in separate processes
+showed no clear difference (18.0-19.2 ms either way); until that is explained, this stays off
+by default (benchmarks/RESULTS.md). It never applies under ``TRITON_INTERPRET=1`` (the kernels are then not
 compiled), while tracing (``torch.library.wrap_triton`` launches, handled by the caller), or
 while a launch hook is installed (profilers such as proton read the metadata this skips).
 """
