@@ -61,8 +61,10 @@
 #            every block size, benchmarks/RESULTS.md 2026-12-02 morning)
 #   final3   one GPU: the fixed-capacity package GPU test (single-threaded runner under the graphs), then the
 #            eager profiler with plain and pre-bound Triton launches, alternating (two processes each)
-#   nextcall one GPU, the next session's first call: the TorchScript file on water and the diamond next to
-#            the Predictor (issue 12's last measurement), then the eager A/B with the profiler's loop shape
+#   nextcall one GPU, the next session's first call: issue 12's last measurements (the TorchScript file on
+#            water and the diamond, the package sized by its structure on the diamond, each next to the
+#            Predictor; about 8 minutes)
+#   eagerab  one GPU: the eager A/B in one process with the profiler's loop shape, then the profiler itself
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
 # Each GPU writes one log per part into OUT (the device tool returns at most 8 files).
@@ -431,15 +433,22 @@ final3)
   done > "$out/profile_eager.log" 2>&1
   ;;
 nextcall)
-  timeout 300 python3 benchmarks/export.py --device cuda --structures water diamond --formats torchscript --r-max 6 --repeat 50 \
+  # one after the other: the host-bound rows (eager Predictor, TorchScript) must not share the CPU with a compile
+  timeout 240 python3 benchmarks/export.py --device cuda --structures water diamond --formats torchscript --r-max 6 --repeat 50 \
     --model $S > "$out/export_torchscript.log" 2>&1
-  timeout 150 python3 benchmarks/eager_overhead.py --device cuda --model i2c3f20l2r --structure diamond > "$out/eager.log" 2>&1
+  timeout 330 python3 benchmarks/export.py --device cuda --structures diamond --formats aoti --triton --r-max 6 --repeat 50 --model $S \
+    --neighbours cells --capacity dynamic > "$out/export_diamond_sized.log" 2>&1
+  ;;
+eagerab)
+  timeout 300 python3 benchmarks/eager_overhead.py --device cuda --model i2c3f20l2r --structure diamond > "$out/eager.log" 2>&1
+  for v in 0 1; do echo "=== FLASHCART_PREBOUND_LAUNCH=$v"; FLASHCART_PREBOUND_LAUNCH=$v profile_run S eager inference 45; done \
+    > "$out/profile_eager.log" 2>&1
   ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, eagerab or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done
