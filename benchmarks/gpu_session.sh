@@ -65,6 +65,8 @@
 #            water and the diamond, the package sized by its structure on the diamond, each next to the
 #            Predictor; about 8 minutes)
 #   eagerab  one GPU: the eager A/B in one process with the profiler's loop shape, then the profiler itself
+#   gemms    one GPU: the compiled training step's matrix products by operand shapes (which product is the
+#            align1 SIMT sgemm), beside the eager step's (about 6 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
 # Each GPU writes one log per part into OUT (the device tool returns at most 8 files).
@@ -439,6 +441,13 @@ nextcall)
   timeout 330 python3 benchmarks/export.py --device cuda --structures diamond --formats aoti --triton --r-max 6 --repeat 50 --model $S \
     --neighbours cells --capacity dynamic > "$out/export_diamond_sized.log" 2>&1
   ;;
+gemms)
+  timeout 500 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases training --compile-mode default --repeat 5 \
+    --rows 25 --gemm-shapes > "$out/gemms_compiled.log" 2>&1 &
+  timeout 200 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases inference training --repeat 5 --rows 25 \
+    --gemm-shapes > "$out/gemms_eager.log" 2>&1
+  wait
+  ;;
 eagerab)
   timeout 300 python3 benchmarks/eager_overhead.py --device cuda --model i2c3f20l2r --structure diamond > "$out/eager.log" 2>&1
   for v in 0 1; do echo "=== FLASHCART_PREBOUND_LAUNCH=$v"; FLASHCART_PREBOUND_LAUNCH=$v profile_run S eager inference 45; done \
@@ -448,7 +457,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, eagerab or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, eagerab, gemms or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

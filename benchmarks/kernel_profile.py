@@ -22,7 +22,10 @@ kernels a CUDA graph replays)::
     python benchmarks/kernel_profile.py --device cpu --model tiny --structure ethanol --repeat 1   # smoke test
     python benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --compile-mode default   # inductor's kernels
 
-On the CPU the tables show CPU time instead (no kernels, no roofline). ``--host-profile N``
+On the CPU the tables show CPU time instead (no kernels, no roofline). ``--gemm-shapes`` also
+lists the matrix products (``aten::mm`` and friends, inductor's extern products of a compiled
+call included) by operand shapes, to tell which radial-MLP or readout product a cuBLAS kernel
+of the kernel table is. ``--host-profile N``
 also prints a cProfile of ``N`` more eager calls by own time: where the host time of an eager
 call goes on the GPU machine (Triton's launcher, FlashCart's Python, ATen dispatch), which
 ``host_overhead.py`` cannot see (it stubs the launches out).
@@ -192,6 +195,30 @@ def report(name: str, fn, device: torch.device, args, bandwidth: float | None) -
         host_profile(fn, device, args.host_profile, args.rows)
 
 
+_GEMMS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_addmm_activation")  # the leaves (linear and matmul call these)
+
+
+def gemm_shapes(name: str, fn, device: torch.device, repeat: int, rows: int) -> None:
+    """The matrix products of ``repeat`` calls grouped by operand shapes: calls and time per call
+    (device time on CUDA, CPU time otherwise). Compiled calls record inductor's extern products too."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []), record_shapes=True) as prof:
+        for _ in range(repeat):
+            fn()
+        synchronize(device)
+    key = "device_time_total" if cuda else "cpu_time_total"
+    events = [e for e in prof.key_averages(group_by_input_shape=True) if e.key in _GEMMS]
+    events.sort(key=lambda e: -getattr(e, key))
+    total = sum(getattr(e, key) for e in events) / repeat
+    print(f"[gemms] {name}: {sum(e.count for e in events) / repeat:.0f} products, {total / 1e3:.3f} ms per call")
+    print(f"{'op':<14} {'calls':>6} {'ms':>8}  input shapes")
+    for e in events[:rows]:
+        print(f"{e.key[6:]:<14} {e.count / repeat:>6.0f} {getattr(e, key) / repeat / 1e3:>8.3f}  {e.input_shapes}")
+
+
 def host_profile(fn, device: torch.device, calls: int, rows: int) -> None:
     """cProfile of ``calls`` eager calls (after the profiled ones), top ``rows`` by own time."""
     import cProfile
@@ -232,6 +259,7 @@ def main() -> None:
         help="profile the compiled Predictor's kernels (default: eager); 'default' launches the kernels a reduce-overhead graph replays",
     )
     parser.add_argument("--host-profile", type=int, default=0, metavar="N", help="also cProfile N eager calls (host time)")
+    parser.add_argument("--gemm-shapes", action="store_true", help="also list the matrix products by operand shapes (device time)")
     args = parser.parse_args()
     if args.model not in MODELS:
         parser.error(f"--model must be one of {list(MODELS)}, got {args.model!r}")
@@ -252,6 +280,8 @@ def main() -> None:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         report(phase, fns[phase], device, args, bw)
+        if args.gemm_shapes:
+            gemm_shapes(phase, fns[phase], device, args.repeat, args.rows)
 
 
 if __name__ == "__main__":
