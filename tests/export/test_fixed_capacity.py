@@ -88,3 +88,50 @@ def test_capacities_from_the_export_structure_and_their_errors(small_model, tmp_
     with pytest.raises(ValueError, match="edges_per_atom must be a positive integer, got 0"):
         export_aoti(small_model, ethanol(), tmp_path / "m.pt2", torch.float64, fixed_capacity=True, edges_per_atom=0)
     assert list(tmp_path.iterdir()) == []
+
+
+class _FakeRunner:
+    """Stands in for a loaded package: its metadata says fixed capacity on ``device``."""
+
+    def __init__(self, path, run_single_threaded, device):
+        self.path, self.single_threaded, self.device = path, run_single_threaded, device
+
+    def get_metadata(self):
+        import json
+
+        from flashcart.export.aoti import FORMAT
+
+        return {
+            "flashcart_format": FORMAT,
+            "elements": json.dumps(["C", "H", "O"]),
+            "cutoff": "4.0",
+            "max_images": json.dumps([2, 2, 2]),
+            "neighbours": "cells",
+            "dtype": "float32",
+            "device": self.device,
+            "capacity": json.dumps(FIXED),
+        }
+
+
+@pytest.mark.parametrize("device, cuda_graph, graphed", [("cuda", None, True), ("cuda", False, False), ("cpu", None, False)])
+def test_a_graphed_package_runs_through_the_single_threaded_runner(tmp_path, monkeypatch, device, cuda_graph, graphed):
+    """The default runner queries the CUDA event of its previous run, and after a captured run
+    that query fails ("invalid argument", H200, torch 2.11: the GPU test's second atom count);
+    ``load_exported`` therefore captures through a runner loaded with ``run_single_threaded=True``,
+    and keeps the default runner where nothing is captured."""
+    loads = []
+
+    def fake_load(path, run_single_threaded=False, device_index=-1):
+        loads.append(_FakeRunner(path, run_single_threaded, device))
+        return loads[-1]
+
+    monkeypatch.setattr(torch._inductor, "aoti_load_package", fake_load)
+    path = tmp_path / "m.pt2"
+    path.write_bytes(b"stands in for a package")
+    pot = load_exported(path, cuda_graph=cuda_graph)
+    assert [r.single_threaded for r in loads] == ([False, True] if graphed else [False])
+    assert pot._runner is loads[-1]
+    if graphed:
+        assert pot._graphed is not None and pot._graphed.runner is loads[-1]
+    else:
+        assert pot._graphed is None
