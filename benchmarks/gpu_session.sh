@@ -419,14 +419,14 @@ fixedprofile)
   wait
   for d in /tmp/pt_dtype*; do
     pkg=$(ls $d/*/m.pt2 2>/dev/null | head -1); inp=$(ls $d/*/inputs.pt 2>/dev/null | head -1)
-    [ -n "$pkg" ] && [ -n "$inp" ] && timeout 60 python3 benchmarks/diagnose_fixed.py "$pkg" "$inp" >> "$out/diagnose_fixed.log" 2>&1
+    [ -n "$pkg" ] && [ -n "$inp" ] && timeout 60 python3 benchmarks/diagnose_fixed.py "$(dirname "$pkg")" >> "$out/diagnose_fixed.log" 2>&1
   done
   ;;
 edgeblocks)
   timeout 470 python3 benchmarks/diagnose_fixed.py /tmp/diagfixed > "$out/diagnose_fixed.log" 2>&1 &
   timeout -s INT -k 20 150 python3 -m pytest -q -m gpu tests/cartesian/test_triton_parity.py -k "tensor_product_parity or edge_block" \
     -p no:cacheprovider -p no:logging --tb=short -rfE > "$out/tests_parity.log" 2>&1
-  timeout 200 python3 benchmarks/kernels.py --features 20 64 --backends triton --dbwd fused --edge-blocks 1 2 4 8 > "$out/kernels.log" 2>&1
+  timeout 200 python3 benchmarks/kernels.py --features 20 64 --backends triton --dbwd fused > "$out/kernels.log" 2>&1  # ran with --edge-blocks 1 2 4 8
   wait
   timeout 100 python3 benchmarks/eager_overhead.py --device cuda --model i2c3f20l2r --structure diamond > "$out/eager.log" 2>&1
   ;;
