@@ -10,7 +10,9 @@ kernels sum to about 3.9 ms: the host issues the work slower than the GPU runs i
    synchronised (median, min) and as ``flashcart-profile``'s timer runs them (``--per-round``
    calls back to back, one synchronisation);
 2. profiles one variant's calls with the torch profiler: host time per call spent in ATen ops
-   (by op), in FlashCart's custom ops (Triton launches included) and the GPU's busy time.
+   (by op), in FlashCart's custom ops (Triton launches included) and the GPU's busy time; the
+   ops named by ``--stacks`` (default ``aten::gather``, which took 49 µs a call on the H200, and
+   ``aten::mul``) by the FlashCart source line that called them.
 
 Variants (``--variants``): ``plain``; ``prebound`` (``FLASHCART_PREBOUND_LAUNCH``'s pre-bound
 Triton launches, switched on in-process).
@@ -81,13 +83,15 @@ def issue_time(fn, device, calls: int) -> float:
     return statistics.median(out)
 
 
-def host_breakdown(fn, device, calls: int, rows: int) -> None:
+def host_breakdown(fn, device, calls: int, rows: int, stacks: list[str] | None = None) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.type == "cuda"
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     synchronize(device)
-    with profile(activities=acts) as prof:
+    # verbose: torch 2.13 records no Python stacks without it
+    config = torch._C._profiler._ExperimentalConfig(verbose=True) if stacks else None
+    with profile(activities=acts, with_stack=bool(stacks), experimental_config=config) as prof:
         for _ in range(calls):
             fn()
         synchronize(device)
@@ -109,6 +113,15 @@ def host_breakdown(fn, device, calls: int, rows: int) -> None:
     print(f"{'op (host self time)':<52} {'calls':>7} {'ms/call':>8} {'us each':>8}")
     for k, us in top.most_common(rows):
         print(f"{k[:52]:<52} {count[k] / calls:>7.0f} {us / calls / 1e3:>8.3f} {us / max(count[k], 1):>8.1f}")
+    for op in stacks or []:
+        sites = collections.Counter()
+        for e in prof.events():
+            if e.name == op and e.device_type == torch.autograd.DeviceType.CPU:
+                frames = [f for f in e.stack if "flashcart/" in f] or ["(no FlashCart frame: autograd's backward)"]
+                sites[frames[0]] += e.self_cpu_time_total
+        print(f"[stacks] {op}: host self time per call by the innermost FlashCart frame")
+        for where, us in sites.most_common(rows):
+            print(f"  {us / calls / 1e3:>8.3f} ms  {where}")
 
 
 def main() -> None:
@@ -123,6 +136,7 @@ def main() -> None:
     parser.add_argument("--per-round", type=int, default=10)
     parser.add_argument("--profile-calls", type=int, default=5)
     parser.add_argument("--rows", type=int, default=30)
+    parser.add_argument("--stacks", nargs="*", default=["aten::gather", "aten::mul"], help="ops to attribute to their call sites")
     args = parser.parse_args()
     args.compile_mode = None
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -152,7 +166,7 @@ def main() -> None:
         row = f"{statistics.median(times[v]) * 1e3:>17.3f} {min(times[v]) * 1e3:>8.3f} {statistics.median(loops[v]) * 1e3:>13.3f}"
         print(f"{v:<12} {row} {statistics.median(issue[v]) * 1e3:>14.3f}")
     _set_variant(args.variants[0])
-    host_breakdown(force, device, args.profile_calls, args.rows)
+    host_breakdown(force, device, args.profile_calls, args.rows, args.stacks)
 
 
 if __name__ == "__main__":
