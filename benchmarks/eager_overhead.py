@@ -15,7 +15,8 @@ kernels sum to about 3.9 ms: the host issues the work slower than the GPU runs i
    ``aten::mul``) by the FlashCart source line that called them.
 
 Variants (``--variants``): ``plain``; ``prebound`` (``FLASHCART_PREBOUND_LAUNCH``'s pre-bound
-Triton launches, switched on in-process).
+Triton launches, switched on in-process). ``--with-profiler`` then runs ``flashcart-profile``'s
+inference timer for the same model and structure in this process, per variant.
 
     python benchmarks/eager_overhead.py --device cuda --model i2c3f20l2r --structure diamond
     python benchmarks/eager_overhead.py --device cpu --model tiny --structure ethanol --rounds 2   # smoke test
@@ -137,6 +138,8 @@ def main() -> None:
     parser.add_argument("--profile-calls", type=int, default=5)
     parser.add_argument("--rows", type=int, default=30)
     parser.add_argument("--stacks", nargs="*", default=["aten::gather", "aten::mul"], help="ops to attribute to their call sites")
+    parser.add_argument("--with-profiler", action="store_true", help="also run flashcart-profile's inference timer in this process")
+    parser.add_argument("--verbose-profiler", action="store_true", help="print the in-process profiler's own output")
     args = parser.parse_args()
     args.compile_mode = None
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -167,6 +170,39 @@ def main() -> None:
         print(f"{v:<12} {row} {statistics.median(issue[v]) * 1e3:>14.3f}")
     _set_variant(args.variants[0])
     host_breakdown(force, device, args.profile_calls, args.rows, args.stacks)
+    if args.with_profiler:
+        profiler_in_process(args, device)
+
+
+def profiler_in_process(args, device) -> None:
+    """``flashcart-profile``'s inference timer for the same model and structure in this process
+    (its own model, batch and Predictor): on the H200 it measured 18.0-19.2 ms in separate
+    processes where the loops above measured 13.4; the same figure here means the processes
+    differ, a higher one that the profiler's path does."""
+    import tempfile
+
+    import numpy as np
+    from ase.io import write
+
+    from benchmarks.kernel_profile import structure
+    from flashcart.config import load_config
+    from flashcart.profiling import profile
+
+    atoms = structure(args.structure)
+    atoms.info["REF_energy"] = 0.0
+    atoms.arrays["REF_forces"] = np.zeros((len(atoms), 3))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/structure.extxyz"
+        write(path, atoms, format="extxyz")
+        device_key = "gpu" if device.type == "cuda" else "cpu"
+        overrides = [f"train_path={path}", f"device={device_key}", f"r_max={args.r_max}", *MODELS.get(args.model, []), *args.option]
+        overrides += ["profile_batch_size=1", "profile_repeat=20", "profile_warmup=3", "profile_phase=inference", "profile_row_limit=1"]
+        for variant in args.variants:
+            _set_variant(variant)
+            seconds = profile(
+                load_config(overrides=overrides), progress=False, out=print if args.verbose_profiler else (lambda line: None)
+            )["inference"]
+            print(f"[profiler in this process] {variant}: {seconds * 1e3:.3f} ms/run")
 
 
 if __name__ == "__main__":

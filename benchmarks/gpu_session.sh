@@ -64,7 +64,8 @@
 #   nextcall one GPU, the next session's first call: issue 12's last measurements (the TorchScript file on
 #            water and the diamond, the package sized by its structure on the diamond, each next to the
 #            Predictor; about 8 minutes)
-#   eagerab  one GPU: the eager A/B in one process with the profiler's loop shape, then the profiler itself
+#   eagerab  one GPU: the eager A/B in one process with the profiler's loop shape and the profiler's timer in
+#            the same process, then the profiler itself in processes of its own
 #   fixed64  one GPU: the fixed-capacity GPU test's float64 parameter (inductor's kernels) after the
 #            single-threaded runner change (about 6 minutes)
 #   gemms    one GPU: the compiled training step's matrix products by operand shapes (which product is the
@@ -454,7 +455,7 @@ gemms)
   wait
   ;;
 eagerab)
-  timeout 300 python3 benchmarks/eager_overhead.py --device cuda --model i2c3f20l2r --structure diamond > "$out/eager.log" 2>&1
+  timeout 300 python3 benchmarks/eager_overhead.py --device cuda --model i2c3f20l2r --structure diamond --with-profiler > "$out/eager.log" 2>&1
   for v in 0 1; do echo "=== FLASHCART_PREBOUND_LAUNCH=$v"; FLASHCART_PREBOUND_LAUNCH=$v profile_run S eager inference 45; done \
     > "$out/profile_eager.log" 2>&1
   ;;
