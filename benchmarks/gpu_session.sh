@@ -68,6 +68,8 @@
 #            the same process, then the profiler itself in processes of its own
 #   fixed64  one GPU: the fixed-capacity GPU test's float64 parameter (inductor's kernels) after the
 #            single-threaded runner change (about 6 minutes)
+#   stepgrads one GPU: the compiled training step with the parameter gradients by the outer backward against
+#            inside the graph (compiled_step_grads.py; two compiles of i2c3f20l2r's step, about 8 minutes)
 #   gemms    one GPU: the compiled training step's matrix products by operand shapes (which product is the
 #            align1 SIMT sgemm), beside the eager step's (about 6 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
@@ -447,6 +449,10 @@ nextcall)
 fixed64)
   gpu_tests 0 "$X::test_cuda_fixed_capacity_package_in_cuda_graphs_matches_predictor[dtype1-1e-10-False]:500" > "$out/tests_fixed64.log" 2>&1
   ;;
+stepgrads)
+  timeout 560 python3 benchmarks/compiled_step_grads.py --device cuda --model i2c3f20l2r --structure diamond --compile-mode default \
+    > "$out/stepgrads.log" 2>&1
+  ;;
 gemms)
   timeout 500 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases training --compile-mode default --repeat 5 \
     --rows 25 --gemm-shapes > "$out/gemms_compiled.log" 2>&1 &
@@ -463,7 +469,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, eagerab, fixed64, gemms or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, eagerab, fixed64, stepgrads, gemms or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done
