@@ -302,7 +302,8 @@ def _train(cfg: dict[str, Any], progress: bool, ctx: Context) -> Path:
             for opt in opts:
                 opt.zero_grad(set_to_none=True)
             # only the parameters: the positions (a leaf of the force graph) get no gradient, so
-            # the double backward skips every term that only leads to them
+            # the eager double backward skips every term that only leads to them (a compiled
+            # prediction's backward still computes it: benchmarks/compiled_step_grads.py)
             loss.backward(inputs=trainable)
             if cfg["grad_clip_norm"] is not None:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip_norm"])
