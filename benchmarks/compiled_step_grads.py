@@ -23,6 +23,8 @@ gradients:
 
     python benchmarks/compiled_step_grads.py --device cuda --model i2c3f20l2r --structure diamond --compile-mode default
     python benchmarks/compiled_step_grads.py --device cpu --model tiny --structure ethanol --repeat 5   # smoke test
+
+Models: ``benchmarks/kernel_profile.py``'s ``MODELS`` (with ``--option KEY=VALUE``).
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.kernel_profile import MODELS, build  # noqa: E402
+from benchmarks.eager_overhead import timed  # noqa: E402  (synchronised seconds per call)
+from benchmarks.kernel_profile import build, model_arguments  # noqa: E402
 from flashcart.model import predictor as predictor_module  # noqa: E402
 from flashcart.model.predictor import Predictor, energy_forces_stress  # noqa: E402
 from flashcart.profiling import synchronize  # noqa: E402
@@ -84,24 +87,9 @@ def in_graph_step(model, batch, compile_mode: str):
     return step
 
 
-def timed(step, device, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        synchronize(device)
-        t0 = time.perf_counter()
-        step()
-        synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    parser.add_argument("--model", default="i2c3f20l2r", help=f"one of {list(MODELS)}")
-    parser.add_argument("--option", nargs="*", default=[])
-    parser.add_argument("--structure", default="diamond")
-    parser.add_argument("--r-max", type=float, default=6.0)
+    model_arguments(parser)
     parser.add_argument("--compile-mode", default="default", choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs"])
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=20)
@@ -123,7 +111,7 @@ def main() -> None:
         first = time.perf_counter() - t0
         for _ in range(args.warmup):
             step()
-        results[name] = (grads, timed(step, device, args.repeat), first)
+        results[name] = (grads, statistics.median(timed(step, device, args.repeat)), first)
     ref = results["outer"][0]
     scale = max(float(g.abs().max()) for g in ref)
     for name, (grads, seconds, first) in results.items():

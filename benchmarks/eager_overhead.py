@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.kernel_profile import MODELS, build  # noqa: E402
+from benchmarks.kernel_profile import MODELS, build, model_arguments  # noqa: E402
 from flashcart.cartesian._triton import launcher  # noqa: E402
 from flashcart.model.predictor import Predictor  # noqa: E402
 from flashcart.profiling import synchronize  # noqa: E402
@@ -127,11 +127,7 @@ def host_breakdown(fn, device, calls: int, rows: int, stacks: list[str] | None =
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    parser.add_argument("--model", default="i2c3f20l2r", help=f"one of {list(MODELS)}")
-    parser.add_argument("--option", nargs="*", default=[])
-    parser.add_argument("--structure", default="diamond")
-    parser.add_argument("--r-max", type=float, default=6.0)
+    model_arguments(parser)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--per-round", type=int, default=10)

@@ -90,6 +90,15 @@ def copy_bandwidth(device: torch.device) -> float:
     return 2 * x.numel() * 4 / (ms * 1e-3)
 
 
+def model_arguments(parser) -> None:
+    """The options :func:`build` reads: ``--device``, ``--model``, ``--option``, ``--structure``, ``--r-max``."""
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--model", default="i2c3f20l2r", help=f"one of {list(MODELS)} (plus --option KEY=VALUE)")
+    parser.add_argument("--option", nargs="*", default=[], help="extra model KEY=VALUE options")
+    parser.add_argument("--structure", default="diamond")
+    parser.add_argument("--r-max", type=float, default=6.0)
+
+
 def build(args, device: torch.device):
     atoms = structure(args.structure)
     cfg = load_config(overrides=[f"r_max={args.r_max}", *MODELS.get(args.model, []), *args.option])
@@ -243,11 +252,7 @@ def host_profile(fn, device: torch.device, calls: int, rows: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    parser.add_argument("--model", default="i2c3f20l2r", help=f"one of {list(MODELS)} (plus --option KEY=VALUE)")
-    parser.add_argument("--option", nargs="*", default=[], help="extra model KEY=VALUE options")
-    parser.add_argument("--structure", default="diamond")
-    parser.add_argument("--r-max", type=float, default=6.0)
+    model_arguments(parser)
     parser.add_argument("--phases", nargs="+", default=["inference", "training"], choices=["inference", "training"])
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=10)
