@@ -93,9 +93,12 @@ class ExportedPotential:
         # call after a capture, e.g. a second atom count). The single-threaded runner keeps no
         # such events (torch: "useful to avoid conflicts with CUDAGraphs"); it is not for
         # concurrent calls from several threads, which FlashCart's simulation code never makes.
-        self._runner = None  # one loaded copy at a time
-        self._runner = torch._inductor.aoti_load_package(str(self.path), run_single_threaded=True)
-        return GraphedRunner(self._runner, strict=bool(cuda_graph))
+        try:
+            runner = torch._inductor.aoti_load_package(str(self.path), run_single_threaded=True)
+        except Exception as err:
+            raise ValueError(f"{self.path}: cannot be loaded for CUDA graphs ({type(err).__name__}: {err})") from None
+        self._runner = runner  # the default runner is dropped: one loaded copy
+        return GraphedRunner(runner, strict=bool(cuda_graph))
 
     def _load_torchscript(self, device: str | None) -> None:
         try:

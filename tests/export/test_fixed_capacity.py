@@ -135,3 +135,16 @@ def test_a_graphed_package_runs_through_the_single_threaded_runner(tmp_path, mon
         assert pot._graphed is not None and pot._graphed.runner is loads[-1]
     else:
         assert pot._graphed is None
+
+
+def test_a_package_that_cannot_be_loaded_for_graphs_is_an_error_naming_it(tmp_path, monkeypatch):
+    def fake_load(path, run_single_threaded=False, device_index=-1):
+        if run_single_threaded:
+            raise RuntimeError("no such runner")
+        return _FakeRunner(path, run_single_threaded, "cuda")
+
+    monkeypatch.setattr(torch._inductor, "aoti_load_package", fake_load)
+    path = tmp_path / "m.pt2"
+    path.write_bytes(b"stands in for a package")
+    with pytest.raises(ValueError, match=r"m\.pt2: cannot be loaded for CUDA graphs \(RuntimeError: no such runner\)"):
+        load_exported(path)
