@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.kernel_profile import MODELS, build, model_arguments  # noqa: E402
 from flashcart.cartesian._triton import launcher  # noqa: E402
 from flashcart.model.predictor import Predictor  # noqa: E402
-from flashcart.profiling import synchronize  # noqa: E402
+from flashcart.profiling import synchronize, time_per_call  # noqa: E402
 
 
 def _set_variant(name: str) -> None:
@@ -58,17 +58,6 @@ def timed(fn, device, calls: int) -> list[float]:
         synchronize(device)
         out.append(time.perf_counter() - t0)
     return out
-
-
-def back_to_back(fn, device, calls: int) -> float:
-    """Seconds per call of ``calls`` calls issued back to back, one synchronisation at the end
-    (the loop of ``flashcart-profile``'s timer)."""
-    synchronize(device)
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    synchronize(device)
-    return (time.perf_counter() - t0) / calls
 
 
 def issue_time(fn, device, calls: int) -> float:
@@ -98,12 +87,11 @@ def host_breakdown(fn, device, calls: int, rows: int, stacks: list[str] | None =
         synchronize(device)
     top = collections.Counter()
     count = collections.Counter()
-    kernel_us = 0.0
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            if not e.name.startswith(("flashcart::", "aten::")):
-                kernel_us += e.device_time_total
-            continue
+    kernel_us = sum(
+        e.device_time_total
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith(("flashcart::", "aten::"))
+    )
     for e in prof.key_averages():
         if e.key.startswith(("aten::", "flashcart::", "autograd::", "Optimizer", "cuda")) or "Backward" in e.key:
             top[e.key] += e.self_cpu_time_total
@@ -158,7 +146,7 @@ def main() -> None:
         for v in args.variants:
             _set_variant(v)
             times[v] += timed(force, device, args.per_round)
-            loops[v].append(back_to_back(force, device, args.per_round))
+            loops[v].append(time_per_call(force, args.per_round, device, warmup=0))  # flashcart-profile's timer loop
             issue[v].append(issue_time(force, device, 3))
     print(f"{'variant':<12} {'ms/call (median)':>17} {'min':>8} {'back to back':>13} {'host issue ms':>14}")
     for v in args.variants:

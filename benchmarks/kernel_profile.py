@@ -93,7 +93,7 @@ def copy_bandwidth(device: torch.device) -> float:
 def model_arguments(parser) -> None:
     """The options :func:`build` reads: ``--device``, ``--model``, ``--option``, ``--structure``, ``--r-max``."""
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    parser.add_argument("--model", default="i2c3f20l2r", help=f"one of {list(MODELS)} (plus --option KEY=VALUE)")
+    parser.add_argument("--model", default="i2c3f20l2r", choices=list(MODELS), help="model options (plus --option KEY=VALUE)")
     parser.add_argument("--option", nargs="*", default=[], help="extra model KEY=VALUE options")
     parser.add_argument("--structure", default="diamond")
     parser.add_argument("--r-max", type=float, default=6.0)
@@ -266,8 +266,6 @@ def main() -> None:
     parser.add_argument("--host-profile", type=int, default=0, metavar="N", help="also cProfile N eager calls (host time)")
     parser.add_argument("--gemm-shapes", action="store_true", help="also list the matrix products by operand shapes (device time)")
     args = parser.parse_args()
-    if args.model not in MODELS:
-        parser.error(f"--model must be one of {list(MODELS)}, got {args.model!r}")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     device = torch.device(args.device)
