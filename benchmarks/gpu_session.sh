@@ -64,6 +64,8 @@
 #   nextcall one GPU, the next session's first call: issue 12's last measurements (the TorchScript file on
 #            water and the diamond, the package sized by its structure on the diamond, each next to the
 #            Predictor; about 8 minutes)
+#   fixedtime one GPU: the fixed-capacity Triton .pt2 on the diamond through load_exported's CUDA graph again,
+#            now through the single-threaded runner (the 1.20x of 2026-12-02 used the default one)
 #   eagerab  one GPU: the eager A/B in one process with the profiler's loop shape and the profiler's timer in
 #            the same process, then the profiler itself in processes of its own
 #   fixed64  one GPU: the fixed-capacity GPU test's float64 parameter (inductor's kernels) after the
@@ -460,6 +462,10 @@ gemms)
     --gemm-shapes > "$out/gemms_eager.log" 2>&1
   wait
   ;;
+fixedtime)
+  timeout 560 python3 benchmarks/export.py --device cuda --structures diamond --formats aoti --triton --r-max 6 --repeat 50 --model $S \
+    --neighbours cells --capacity fixed > "$out/export_diamond_fixed.log" 2>&1
+  ;;
 eagerab)
   timeout 300 python3 benchmarks/eager_overhead.py --device cuda --model i2c3f20l2r --structure diamond --with-profiler > "$out/eager.log" 2>&1
   for v in 0 1; do echo "=== FLASHCART_PREBOUND_LAUNCH=$v"; FLASHCART_PREBOUND_LAUNCH=$v profile_run S eager inference 45; done \
@@ -469,7 +475,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, eagerab, fixed64, stepgrads, gemms or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done
