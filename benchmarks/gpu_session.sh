@@ -74,6 +74,8 @@
 #            inside the graph (compiled_step_grads.py; two compiles of i2c3f20l2r's step, about 8 minutes)
 #   gemms    one GPU: the compiled training step's matrix products by operand shapes (which product is the
 #            align1 SIMT sgemm), beside the eager step's (about 6 minutes)
+#   prebounddefault one GPU: the eager profiler with pre-bound launches on by default against FLASHCART_PREBOUND_LAUNCH=0,
+#            alternating, three processes each; then the launcher's and tests/model's GPU tests with the new default
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
 # Each GPU writes one log per part into OUT (the device tool returns at most 8 files).
@@ -471,11 +473,23 @@ eagerab)
   for v in 0 1; do echo "=== FLASHCART_PREBOUND_LAUNCH=$v"; FLASHCART_PREBOUND_LAUNCH=$v profile_run S eager inference 45; done \
     > "$out/profile_eager.log" 2>&1
   ;;
+prebounddefault)
+  # the profiler first, alone on the host: the eager call is host-bound
+  for r in 1 2 3; do
+    for v in default 0; do
+      echo "=== round $r, FLASHCART_PREBOUND_LAUNCH=$v"
+      check='from flashcart.cartesian._triton import launcher; print("pre-bound launches:", launcher.ENABLED)'
+      if [ $v = default ]; then (unset FLASHCART_PREBOUND_LAUNCH; python3 -c "$check"; profile_run S eager inference 60)
+      else (export FLASHCART_PREBOUND_LAUNCH=0; python3 -c "$check"; profile_run S eager inference 60); fi
+    done
+  done > "$out/profile_eager.log" 2>&1
+  gpu_tests 0 "tests/cartesian/test_launcher.py:60" "tests/model:200" > "$out/tests.log" 2>&1
+  ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

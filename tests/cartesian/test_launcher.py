@@ -150,6 +150,24 @@ def test_the_environment_variable_is_0_or_1(monkeypatch, raw, enabled):
         launcher._enabled()
 
 
+def test_on_by_default_only_with_a_checked_triton(monkeypatch):
+    monkeypatch.delenv("FLASHCART_PREBOUND_LAUNCH", raising=False)
+    monkeypatch.setattr(launcher, "_triton_release", lambda: (3, 6))
+    assert launcher._enabled() is True
+    for other in [(3, 7), (4, 0), None]:  # unchecked specialisation rules, or no readable Triton
+        monkeypatch.setattr(launcher, "_triton_release", lambda other=other: other)
+        assert launcher._enabled() is False
+    monkeypatch.setenv("FLASHCART_PREBOUND_LAUNCH", "1")  # the variable overrides
+    assert launcher._enabled() is True
+
+
+def test_the_installed_triton_release_is_read():
+    release = launcher._triton_release()
+    import triton
+
+    assert release == tuple(int(p) for p in triton.__version__.split(".")[:2])
+
+
 def test_an_empty_hook_chain_is_no_hook():
     """triton 3.6+ keeps an empty ``HookChain`` in ``knobs.runtime.launch_enter_hook`` when no
     hook is set (on the H200 every launch was refused as hooked before this was checked)."""

@@ -12,14 +12,18 @@ and whether it fits in 32 bits; constexprs, floats, bools and ``None`` by value;
 options and the device. The arguments are passed in the kernel's declaration order (constexprs
 included; the launcher drops them), the scratch buffers are the launcher's own.
 
-Off unless ``FLASHCART_PREBOUND_LAUNCH=1`` (read at import; :data:`ENABLED` may be assigned).
+On by default with the Triton versions whose specialisation rules the key was checked against
+(:data:`CHECKED_TRITON`); off with any other, where a rule that changed would launch a kernel
+compiled for other arguments. ``FLASHCART_PREBOUND_LAUNCH=0`` or ``1`` overrides (read at
+import; :data:`ENABLED` may be assigned).
+
 On the H200 (triton 3.6, 2026-12-01 night) pre-bound launches equal plain ones (1e-12, float64).
-Timed interleaved in one process (benchmarks/eager_overhead.py, 2026-12-02), an eager
-i2c3f20l2r force call took 12.28 instead of 13.40 ms. The eager profiler in separate processes
-showed no clear difference (18.0-19.2 ms either way); until that is explained, this stays off
-by default (benchmarks/RESULTS.md). It never applies under ``TRITON_INTERPRET=1`` (the kernels are then not
-compiled), while tracing (``torch.library.wrap_triton`` launches, handled by the caller), or
-while a launch hook is installed (profilers such as proton read the metadata this skips).
+An eager i2c3f20l2r force call on the 1000-atom diamond (benchmarks/RESULTS.md, 2026-12-02):
+12.28 instead of 13.40 ms and 15.18 instead of 16.28 ms interleaved in one process (two
+sessions); 11.25 instead of 13.56 ms by ``flashcart-profile``, each in its own process. It never
+applies under ``TRITON_INTERPRET=1`` (the kernels are then not compiled), while tracing
+(``torch.library.wrap_triton`` launches, handled by the caller), or while a launch hook is
+installed (profilers such as proton read the metadata this skips).
 """
 
 from __future__ import annotations
@@ -30,11 +34,28 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["ENABLED", "launch", "specialisation", "clear"]
+__all__ = ["CHECKED_TRITON", "ENABLED", "launch", "specialisation", "clear"]
+
+# Triton releases (major, minor) whose argument specialisation :func:`specialisation` mirrors:
+# 3.6 run on the H200, 3.9 read from its source and run under the interpreter's checks here.
+CHECKED_TRITON = frozenset({(3, 6), (3, 9)})
+
+
+def _triton_release() -> tuple[int, int] | None:
+    """``(major, minor)`` of the installed Triton (``None``: not installed or unreadable)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        major, minor = version("triton").split(".")[:2]
+        return int(major), int(minor)
+    except (PackageNotFoundError, ValueError):
+        return None
 
 
 def _enabled() -> bool:
-    raw = os.environ.get("FLASHCART_PREBOUND_LAUNCH", "0")
+    raw = os.environ.get("FLASHCART_PREBOUND_LAUNCH")
+    if raw is None:
+        return _triton_release() in CHECKED_TRITON
     if raw not in ("0", "1"):
         raise ValueError(f"environment variable FLASHCART_PREBOUND_LAUNCH must be 0 or 1, got {raw!r}")
     return raw == "1"
