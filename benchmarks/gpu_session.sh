@@ -483,7 +483,7 @@ prebounddefault)
       else (export FLASHCART_PREBOUND_LAUNCH=0; python3 -c "$check"; profile_run S eager inference 60); fi
     done
   done > "$out/profile_eager.log" 2>&1
-  gpu_tests 0 "tests/cartesian/test_launcher.py:60" "tests/model:200" > "$out/tests.log" 2>&1
+  gpu_tests 0 "tests/cartesian/test_launcher.py:60" "tests/model:150" > "$out/tests.log" 2>&1
   ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
