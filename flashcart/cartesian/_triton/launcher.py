@@ -20,7 +20,8 @@ import; :data:`ENABLED` may be assigned).
 On the H200 (triton 3.6, 2026-12-01 night) pre-bound launches equal plain ones (1e-12, float64).
 An eager i2c3f20l2r force call on the 1000-atom diamond (benchmarks/RESULTS.md, 2026-12-02):
 12.28 instead of 13.40 ms and 15.18 instead of 16.28 ms interleaved in one process (two
-sessions); 11.25 instead of 13.56 ms by ``flashcart-profile``, each in its own process. It never
+sessions); by ``flashcart-profile``, each in its own process, 11.25 instead of 13.56 ms in one run
+and medians of 18.45 instead of 20.23 ms in another. It never
 applies under ``TRITON_INTERPRET=1`` (the kernels are then not compiled), while tracing
 (``torch.library.wrap_triton`` launches, handled by the caller), or while a launch hook is
 installed (profilers such as proton read the metadata this skips).
