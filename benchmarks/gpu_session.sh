@@ -76,6 +76,8 @@
 #            align1 SIMT sgemm), beside the eager step's (about 6 minutes)
 #   prebounddefault one GPU: the eager profiler with pre-bound launches on by default against FLASHCART_PREBOUND_LAUNCH=0,
 #            alternating, three processes each; then the launcher's and tests/model's GPU tests with the new default
+#   linsplit one GPU: the linear maps' forward / input-gradient reduction split (ops.RowMapSplit; GPU parity, float64
+#            1e-12), then linear_tiles.py --split for both published models (about 6 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
 # Each GPU writes one log per part into OUT (the device tool returns at most 8 files).
@@ -485,11 +487,17 @@ prebounddefault)
   done > "$out/profile_eager.log" 2>&1
   gpu_tests 0 "tests/cartesian/test_launcher.py:60" "tests/model:150" > "$out/tests.log" 2>&1
   ;;
+linsplit)
+  gpu_tests 0 "tests/cartesian/test_triton_parity.py -k split_rules:200" > "$out/tests_split.log" 2>&1
+  for m in i3c3f64l2 i2c3f20l2r; do
+    timeout 150 python3 benchmarks/linear_tiles.py --model $m --split 0x2 264x2 528x2 1056x2 528x1 1056x1 2112x1
+  done > "$out/linear_split.log" 2>&1
+  ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, linsplit or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

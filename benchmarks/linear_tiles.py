@@ -10,11 +10,17 @@ the summed time and the FP32 rate.
     python benchmarks/linear_tiles.py --model i3c3f64l2
     python benchmarks/linear_tiles.py --model i2c3f20l2r --tiles 32x32x32x4 32x32x16x4x2
     python benchmarks/linear_tiles.py --model i3c3f64l2 --weight-grad 0x64 1024x16   # weight-gradient splits
+    python benchmarks/linear_tiles.py --model i3c3f64l2 --split 0x2 528x2 1056x1   # forward / input-gradient splits
 
 ``--weight-grad PROGRAMSxROWS ...`` times the weight gradients instead (``lin_bwd_w``, the
 training step's extra launch per map) under each split rule of ``ops.WeightGradSplit``
 (about PROGRAMS programs, at least ROWS rows per split; ``0x64``: the first rule,
 ``min(64, rows // 64)`` splits), each layer with its default tiles.
+
+``--split PROGRAMSxKSTEPS ...`` times the forward and input gradient (each layer with its
+default tiles) under each rule of ``ops.RowMapSplit``: their reduction over paths x channels
+split for about PROGRAMS programs, at least KSTEPS K steps per split (``0x2``: no split, the
+default).
 
 Protocol: float32, TF32 off, warm-up excluded, CUDA synchronised (``triton.testing.do_bench``,
 median); on CUDA the calls are replayed as a CUDA graph
@@ -57,6 +63,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1000, help="atoms (rows of the node features)")
     parser.add_argument("--tiles", nargs="+", default=TILES)
     parser.add_argument("--weight-grad", nargs="+", metavar="PROGRAMSxROWS", help="time the weight gradients under these split rules")
+    parser.add_argument("--split", nargs="+", metavar="PROGRAMSxKSTEPS", help="time forward + input gradient under these split rules")
     parser.add_argument("--device", default="cuda", help="cuda; cpu only to smoke-test the script under TRITON_INTERPRET=1")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -75,6 +82,9 @@ def main() -> None:
 
     if args.weight_grad:
         weight_grads(cases, total_flop // 2, args)
+        return
+    if args.split:
+        row_map_splits(cases, total_flop, args)
         return
 
     def run():
@@ -111,6 +121,42 @@ def _milliseconds(run, cuda: bool) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
+def _rule(raw: str, option: str) -> tuple[int, int]:
+    try:
+        a, b = (int(v) for v in raw.lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"{option}: expected AxB with two integers, got {raw!r}") from None
+    return a, b
+
+
+def row_map_splits(cases, flop: int, args) -> None:
+    """Time every map's forward + input gradient under each ``RowMapSplit`` rule (CUDA-graph replays on CUDA)."""
+    from flashcart.cartesian._linear_spec import BWD_X, FWD
+
+    cuda = args.device == "cuda"
+    reference = None
+    ops.LINEAR_TILES = None
+    print(f"{'rule':<12} {'splits fwd / input grad (per map)':<44} {'ms':>8} {'TFLOP/s':>8} {'max rel. diff':>14}")
+    for raw in args.split:
+        ops.ROW_MAP_SPLIT = ops.RowMapSplit(*_rule(raw, "--split"))
+        fwd = sorted({int(ops.row_map_split(lin.key, FWD, args.rows)) for lin, *_ in cases})
+        bwd = sorted({int(ops.row_map_split(lin.key, BWD_X, args.rows)) for lin, *_ in cases})
+
+        def run():
+            return [
+                (ops.lin_fwd.op(x, w, lin.launch_table, lin.key), ops.lin_bwd_x.op(gy, w, lin.launch_table, lin.key))
+                for lin, w, x, gy in cases
+            ]
+
+        out = run()
+        if reference is None:
+            reference = out
+        diff = max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-30)) for pa, pb in zip(out, reference) for a, b in zip(pa, pb))
+        ms = _milliseconds(run, cuda)
+        print(f"{raw:<12} {str(fwd) + ' / ' + str(bwd):<44} {ms:>8.3f} {flop / (ms * 1e-3) / 1e12:>8.2f} {diff:>14.2e}")
+    ops.ROW_MAP_SPLIT = ops.RowMapSplit()  # the default rule again
+
+
 def weight_grads(cases, flop: int, args) -> None:
     """Time every map's weight gradient under each split rule (CUDA-graph replays on CUDA)."""
     cuda = args.device == "cuda"
@@ -118,7 +164,7 @@ def weight_grads(cases, flop: int, args) -> None:
     print(f"weight gradients: {flop / 1e9:.2f} GFLOP")
     print(f"{'rule':<12} {'splits (per map)':<40} {'ms':>8} {'TFLOP/s':>8} {'max rel. diff':>14}")
     for raw in args.weight_grad:
-        programs, rows = (int(v) for v in raw.lower().split("x"))
+        programs, rows = _rule(raw, "--weight-grad")
         ops.WEIGHT_GRAD_SPLIT = ops.WeightGradSplit(programs, rows)
         splits = sorted({int(ops.weight_grad_split(lin.key, args.rows)) for lin, *_ in cases})
 

@@ -184,6 +184,31 @@ def test_weight_gradient_split_rules(device, rule, splits, monkeypatch):
         assert_close(b, a, 1e-12, f"weight gradient in {splits} splits")
 
 
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rule, fwd_splits, bwd_splits", [((0, 2), 1, 1), ((4096, 1), 3, 2), ((4096, 2), 1, 1), ((30, 1), 2, 2)])
+def test_forward_and_input_gradient_split_rules(device, rule, fwd_splits, bwd_splits, monkeypatch):
+    """The forward's and the input gradient's reductions split into partial sums
+    (ops.RowMapSplit: a programs target, K steps per split; the forward's widest K is 3 paths x
+    20 channels = 60, the input gradient's 40; with 16-wide K steps a 60-long K in 3 splits has
+    chunks of 32, 28 and none) equal the PyTorch backend's, ranks no path reaches included."""
+    import flashcart.cartesian._triton.ops as ops
+    from flashcart.cartesian._linear_spec import BWD_X, FWD
+
+    monkeypatch.setattr(ops, "ROW_MAP_SPLIT", ops.RowMapSplit(*rule))
+    monkeypatch.setattr(ops, "LINEAR_TILES", ops.linear_tiles("32x32x16x4x2"))
+    ref, tri = _pair(EquivariantLinear, 2, 3, 20, 40, in_paths=[2, 3, 1])  # rank 3 of the output: no path
+    ref, tri = ref.to(device, torch.float64), tri.to(device, torch.float64)
+    n = 23  # 16 forward tiles (rows 23, 69, 115 over 32, two column tiles) and 8 input-gradient ones: (30, 1) gives 2 splits each
+    assert int(ops.row_map_split(tri.key, FWD, n)) == fwd_splits and int(ops.row_map_split(tri.key, BWD_X, n)) == bwd_splits
+    x = torch.randn(n, ref.in_width, dtype=torch.float64, device=device, requires_grad=True)
+    gy = torch.randn(n, ref.out_width, dtype=torch.float64, device=device)
+    outs = [m(x) for m in (ref, tri)]
+    assert_close(outs[1], outs[0], 1e-12, f"forward in {fwd_splits} splits")
+    grads = [torch.autograd.grad(y, x, gy)[0] for y in outs]
+    assert_close(grads[1], grads[0], 1e-12, f"input gradient in {bwd_splits} splits")
+
+
 @pytest.mark.skipif(not triton_available(), reason="needs triton")
 def test_linear_kernel_compiles_for_sm90_without_spills():
     """The grouped matmul compiled for sm_90 (bundled ptxas, no GPU, a process without

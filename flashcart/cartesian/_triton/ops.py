@@ -26,7 +26,7 @@ from torch import Tensor
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from .._layout import edge_csr
-from .._linear_spec import BWD_W, BWD_X, FWD, N_COLS, linear_spec, n_tiles
+from .._linear_spec import BWD_W, BWD_X, COLUMN, FWD, N_COLS, launch_rows, linear_spec, n_tiles
 from .common import DT as _DT
 from .common import block_f as _block_f
 from .common import cdiv as _cdiv
@@ -497,7 +497,7 @@ def _launch_grouped(a: Tensor, b: Tensor, c: Tensor, table: Tensor, key: str, ki
         c_ptr=c,
         table_ptr=table[kind],
         n_rows=n_rows,
-        c_split_stride=c.shape[-1] if split > 1 else 0,
+        c_split_stride=c.stride(0) if split > 1 else 0,
         N_GROUPS=table.shape[1],
         NCOL=N_COLS,
         BM=t.bm,
@@ -539,6 +539,49 @@ def weight_grad_split(key: str, n_rows, use_dot: bool = True):
     return torch.sym_max(1, torch.sym_min(cap, n_rows // rule.rows))
 
 
+# The forward and the input gradient reduce over paths x channels (K, at most a few thousand)
+# and have rows x components x channels outputs: at a thousand rows some maps have fewer
+# tiles than the GPU has multiprocessors (i3c3f64l2's 64-channel maps: about 140 programs of
+# 4 warps on the H200's 132), so splitting K would run more programs per multiprocessor.
+# ``RowMapSplit(programs, k_steps)``: enough splits for about ``programs`` programs in all,
+# at most 64, each split at least ``k_steps`` K steps of the widest group. ``programs=0``
+# (the default) never splits: no GPU timing has yet shown that a split pays;
+# benchmarks/linear_tiles.py --split assigns ROW_MAP_SPLIT to compare rules.
+class RowMapSplit(NamedTuple):
+    programs: int = 0
+    k_steps: int = 2
+
+
+ROW_MAP_SPLIT = RowMapSplit()
+MAX_ROW_MAP_SPLIT = 64
+
+
+def row_map_split(key: str, kind: int, n_rows, use_dot: bool = True):
+    """Splits of the reduction of the forward (``kind`` FWD) or input gradient (BWD_X) of map
+    ``key`` on ``n_rows`` rows (a SymInt under tracing)."""
+    rule = ROW_MAP_SPLIT
+    if rule.programs <= 0:
+        return 1
+    t = _tiles(key, use_dot)
+    k_max = max(r[COLUMN["k_const"]] for r in launch_rows(key)[kind])  # K does not grow with rows here
+    cap = max(1, min(MAX_ROW_MAP_SPLIT, k_max // (rule.k_steps * t.bk)))
+    tiles = torch.sym_max(1, n_tiles(key, kind, n_rows, t.bm, t.bn))
+    return torch.sym_max(1, torch.sym_min(cap, -(-rule.programs // tiles)))
+
+
+def _row_map(a: Tensor, w: Tensor, table: Tensor, key: str, kind: int, width: int, unmixed_from: int | None) -> Tensor:
+    """``[n, width]`` output of the forward or input gradient: columns from ``unmixed_from`` on
+    (ranks no path reaches) are zero; with a split, the partial sums are added here."""
+    n = a.shape[0]
+    split = row_map_split(key, kind, n, _uses_dot(a))
+    unsplit = isinstance(split, int) and split == 1
+    out = torch.empty((n, width) if unsplit else (split, n, width), dtype=a.dtype, device=a.device)
+    if unmixed_from is not None:
+        out[..., unmixed_from:].zero_()
+    _launch_grouped(a, w, out, table, key, kind, n, split=split)
+    return out if unsplit else out.sum(0)
+
+
 def _check_table(table: Tensor, key: str, like: Tensor) -> None:
     s = linear_spec(key)
     if table.shape != (3, s.n_mixed, N_COLS) or table.dtype != torch.int64:
@@ -552,12 +595,7 @@ def lin_fwd(x: Tensor, w: Tensor, table: Tensor, key: str) -> Tensor:
     s = linear_spec(key)
     _check_table(table, key, x)
     x, w = x.contiguous(), w.contiguous()
-    n = x.shape[0]
-    y = torch.empty(n, s.out_width, dtype=x.dtype, device=x.device)
-    if s.n_mixed <= s.out_l_max:
-        y[:, s.out_off[s.n_mixed] :].zero_()
-    _launch_grouped(x, w, y, table, key, FWD, n)
-    return y
+    return _row_map(x, w, table, key, FWD, s.out_width, s.out_off[s.n_mixed] if s.n_mixed <= s.out_l_max else None)
 
 
 @lin_fwd.register_fake
@@ -570,12 +608,7 @@ def lin_bwd_x(gy: Tensor, w: Tensor, table: Tensor, key: str) -> Tensor:
     s = linear_spec(key)
     _check_table(table, key, gy)
     gy, w = gy.contiguous(), w.contiguous()
-    n = gy.shape[0]
-    gx = torch.empty(n, s.in_width, dtype=gy.dtype, device=gy.device)
-    if s.n_mixed <= s.in_l_max:
-        gx[:, s.in_off[s.n_mixed] :].zero_()
-    _launch_grouped(gy, w, gx, table, key, BWD_X, n)
-    return gx
+    return _row_map(gy, w, table, key, BWD_X, s.in_width, s.in_off[s.n_mixed] if s.n_mixed <= s.in_l_max else None)
 
 
 @lin_bwd_x.register_fake
