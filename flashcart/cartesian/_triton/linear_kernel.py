@@ -10,7 +10,8 @@ as well as plain weight matrices and their transposes. Programs find their group
 counts computed in-kernel from ``n_rows``, so one table serves every row count and nothing
 is allocated per call. With ``SPLIT > 1`` the reduction is split over a second grid axis
 into ``SPLIT`` partial results (``c_split_stride`` apart) that the caller sums: weight
-gradients reduce over all rows.
+gradients reduce over all rows; the forward and the input gradient may split their reduction
+over paths x channels (``ops.RowMapSplit``, off by default).
 """
 
 from __future__ import annotations
