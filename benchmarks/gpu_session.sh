@@ -77,7 +77,8 @@
 #   prebounddefault one GPU: the eager profiler with pre-bound launches on by default against FLASHCART_PREBOUND_LAUNCH=0,
 #            alternating, three processes each; then the launcher's and tests/model's GPU tests with the new default
 #   linsplit one GPU: the linear maps' forward / input-gradient reduction split (ops.RowMapSplit; GPU parity, float64
-#            1e-12), then linear_tiles.py --split and the tf32x3 tiles for both published models (about 7 minutes)
+#            1e-12), then linear_tiles.py --split and the tf32x3 tiles for both published models, and the radial MLP
+#            per pair against per edge (radial_pairs.py; about 8 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
 # Each GPU writes one log per part into OUT (the device tool returns at most 8 files).
@@ -493,6 +494,7 @@ linsplit)
     timeout 150 python3 benchmarks/linear_tiles.py --model $m --split 0x2 264x2 528x2 1056x2 528x1 1056x1 2112x1
     timeout 90 python3 benchmarks/linear_tiles.py --model $m --tiles default 32x32x16x4x2:tf32x3 64x64x16x4x2:tf32x3 64x64x32x4x3:tf32x3
   done > "$out/linear_split.log" 2>&1
+  timeout 120 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond > "$out/radial_pairs.log" 2>&1
   ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1

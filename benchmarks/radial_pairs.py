@@ -1,0 +1,133 @@
+"""What the radial MLP would cost evaluated once per pair instead of once per edge (issue 14).
+
+Without element features a radial MLP's input is a function of the distance alone, and a full
+neighbour list holds every pair twice (i -> j with image shift S and j -> i with -S, at the same
+distance bit for bit). Evaluating each MLP once per pair would halve its GEMMs, the largest
+non-Triton share of a force call (~0.9 ms of 2.77 ms for i2c3f20l2r on the 1000-atom diamond,
+H200, 2026-12-01). Whether it pays depends on how the per-edge weights reach the products. This
+script times, for every interaction's MLP, the forward and the gradient with respect to its
+input (what a force call needs), in three ways:
+
+* ``edges``: the MLP on every edge (today);
+* ``pairs + gather``: the MLP on one edge per pair, the weights gathered to both edges
+  (``index_select``; its backward adds both edges' gradients back with ``index_add``);
+* ``pairs only``: the MLP on one edge per pair and nothing else. This is the lower bound, for
+  products that would read each edge's weights through a pair index.
+
+It also checks that the list is pair-complete, and times how long finding the reverse edges takes
+(a sort of integer keys, once per neighbour list). On CUDA the calls are timed as CUDA-graph
+replays (``triton.testing.do_bench_cudagraph``, median): the kernels' time, as in a compiled
+call. Float32, TF32 off::
+
+    python benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond
+    python benchmarks/radial_pairs.py --device cpu --model tiny --structure ethanol   # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.kernel_profile import build, model_arguments  # noqa: E402
+
+
+def reverse_edges(receivers: torch.Tensor, senders: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor:
+    """``[E]`` index of each edge's reverse (``senders -> receivers`` with the opposite shift), or -1."""
+    n = int(torch.maximum(receivers.max(), senders.max())) + 1
+    s = shifts.round().long()
+    span = int(s.abs().max()) if s.numel() else 0
+    base = 2 * span + 1
+
+    def key(r, q, sh):
+        k = r * n + q
+        for c in range(3):
+            k = k * base + (sh[:, c] + span)
+        return k
+
+    forward = key(receivers.long(), senders.long(), s)
+    backward = key(senders.long(), receivers.long(), -s)
+    order = torch.argsort(forward)
+    pos = torch.searchsorted(forward[order], backward).clamp(max=forward.numel() - 1)
+    found = forward[order][pos] == backward
+    return torch.where(found, order[pos], torch.full_like(pos, -1))
+
+
+def _ms(fn, cuda: bool) -> float:
+    if cuda:
+        import triton
+
+        return triton.testing.do_bench_cudagraph(fn, rep=200, return_mode="median")
+    fn()
+    t0 = time.perf_counter()
+    for _ in range(3):
+        fn()
+    return (time.perf_counter() - t0) / 3 * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    model_arguments(parser)
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    model, batch = build(args, device)
+    if any(block.element_features for block in model.interactions):
+        raise SystemExit(f"{args.model}: its radial MLPs take element features, so their input is not a function of the pair alone")
+    rev = reverse_edges(batch.receivers, batch.senders, batch.shifts)
+    if bool((rev < 0).any()):
+        raise SystemExit(f"the neighbour list is not pair-complete: {int((rev < 0).sum())} edges without a reverse")
+    edges = rev.numel()
+    e = torch.arange(edges, device=device)
+    first = e < rev  # one edge per pair (no edge is its own reverse: no zero-shift self edges)
+    reps = e[first]
+    pair_of_edge = torch.empty_like(e)
+    pair_of_edge[reps] = torch.arange(reps.numel(), device=device)
+    pair_of_edge[rev[reps]] = pair_of_edge[reps]
+    find_ms = _ms(lambda: reverse_edges(batch.receivers, batch.senders, batch.shifts), cuda)
+
+    vec = batch.positions[batch.senders] - batch.positions[batch.receivers]
+    vec = vec + (batch.shifts.to(vec.dtype)[:, :, None] * batch.cell[batch.edge_batch]).sum(1)
+    d = vec.norm(dim=-1)
+    radial = (model.basis(d) * model.envelope(d)[:, None]).detach()
+    print(f"[setup] {args.model} on {args.structure}: {edges} edges, {reps.numel()} pairs, {device}, float32")
+    print(f"finding the reverse edges (once per neighbour list): {find_ms:.3f} ms")
+    print(f"{'MLP':<22} {'edges ms':>9} {'pairs + gather ms':>18} {'pairs only ms':>14} {'max |w_pairs - w_edges|':>24}")
+    g = torch.Generator(device=device).manual_seed(0)
+    totals = [0.0, 0.0, 0.0]
+    for k, block in enumerate(model.interactions):
+        mlp = block.radial.requires_grad_(False)
+        x_edges = radial.clone().requires_grad_(True)
+        x_pairs = radial[reps].clone().requires_grad_(True)
+        n_out = mlp.layers[-1].out_features
+        gw_edges = torch.randn(edges, n_out, device=device, generator=g)
+        gw_pairs = torch.randn(reps.numel(), n_out, device=device, generator=g)
+
+        def per_edge():
+            w = mlp(x_edges)
+            return torch.autograd.grad(w, x_edges, gw_edges)
+
+        def pairs_gathered():
+            w = mlp(x_pairs).index_select(0, pair_of_edge)
+            return torch.autograd.grad(w, x_pairs, gw_edges)
+
+        def pairs_only():
+            w = mlp(x_pairs)
+            return torch.autograd.grad(w, x_pairs, gw_pairs)
+
+        with torch.no_grad():
+            diff = float((mlp(radial[reps]).index_select(0, pair_of_edge) - mlp(radial)).abs().max())
+        times = [_ms(fn, cuda) for fn in (per_edge, pairs_gathered, pairs_only)]
+        totals = [a + b for a, b in zip(totals, times)]
+        print(f"{f'interaction {k} ({n_out} out)':<22} {times[0]:>9.3f} {times[1]:>18.3f} {times[2]:>14.3f} {diff:>24.1e}")
+    print(f"{'all':<22} {totals[0]:>9.3f} {totals[1]:>18.3f} {totals[2]:>14.3f}")
+
+
+if __name__ == "__main__":
+    main()
