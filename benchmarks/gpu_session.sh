@@ -76,6 +76,8 @@
 #            align1 SIMT sgemm), beside the eager step's (about 6 minutes)
 #   prebounddefault one GPU: the eager profiler with pre-bound launches on by default against FLASHCART_PREBOUND_LAUNCH=0,
 #            alternating, three processes each; then the launcher's and tests/model's GPU tests with the new default
+#   tsdense  one GPU: the PyTorch backend's dense contractions on CUDA (the TorchScript GPU tests, the backend's parity
+#            tests on the GPU), then the TorchScript file on water and diamond next to the Predictor (about 7 minutes)
 #   linsplit one GPU: the linear maps' forward / input-gradient reduction split (ops.RowMapSplit; GPU parity, float64
 #            1e-12), then linear_tiles.py --split and the tf32x3 tiles for both published models, and the radial MLP
 #            per pair against per edge (radial_pairs.py; about 8 minutes)
@@ -488,6 +490,11 @@ prebounddefault)
   done > "$out/profile_eager.log" 2>&1
   gpu_tests 0 "tests/cartesian/test_launcher.py:60" "tests/model:150" > "$out/tests.log" 2>&1
   ;;
+tsdense)
+  gpu_tests 0 "$X -k torchscript:120" "tests/cartesian/test_architecture_products.py:200" > "$out/tests_torch.log" 2>&1
+  timeout 300 python3 benchmarks/export.py --device cuda --structures water diamond --formats torchscript --r-max 6 --repeat 50 \
+    --model $S > "$out/export_torchscript.log" 2>&1
+  ;;
 linsplit)
   gpu_tests 0 "tests/cartesian/test_triton_parity.py -k split_rules:200" > "$out/tests_split.log" 2>&1
   for m in i3c3f64l2 i2c3f20l2r; do
@@ -500,7 +507,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, linsplit or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

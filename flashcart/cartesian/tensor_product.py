@@ -11,7 +11,14 @@ from ._components import dim
 from ._layout import edge_csr, layout_width, split_ranks
 from ._paths import Path, enumerate_paths
 
-__all__ = ["TensorProduct", "edge_csr"]
+__all__ = ["TensorProduct", "edge_csr", "DENSE_DEVICES"]
+
+# Device types on which the PyTorch backend contracts dense couplings (TensorProduct._rows_dense)
+# instead of running the generated straight-line code per path. Dense is faster on both: an
+# i2c3f20l2r force call on ethanol (one CPU thread) took 18.6 instead of 36.0 ms, and has 1,308
+# instead of 9,783 kernel-launching operations (benchmarks/RESULTS.md, 2026-12-02). Tests empty
+# it to check one way against the other.
+DENSE_DEVICES = ("cuda", "cpu")
 
 
 class TensorProduct(torch.nn.Module):
@@ -81,6 +88,20 @@ class TensorProduct(torch.nn.Module):
         self.out_width = layout_width(out_l_max, self.out_features, out_paths)
         if backend != "triton":
             torch_ops()  # generate (or load) sources now, not inside a traced forward
+            # the dense couplings of the PyTorch backend: a float64 master on the CPU, and a
+            # non-persistent buffer that follows the module's device and dtype (see _apply)
+            self._coupling_master, path = self._coupling_from_generated()
+            self.register_buffer("coupling", self._coupling_master.to(torch.get_default_dtype()), persistent=False)
+            self.register_buffer("coupling_path", path, persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        """Module conversions (``.to``, ``.float``, ``.double``, ``.cuda``), then the coupling
+        buffer taken again from its float64 master: converting through float32 and back would
+        round its coefficients."""
+        super()._apply(fn, recurse)
+        if getattr(self, "coupling", None) is not None:
+            self.coupling = self._coupling_master.to(self.coupling.device, self.coupling.dtype)
+        return self
 
     def extra_repr(self) -> str:
         return (
@@ -135,7 +156,13 @@ class TensorProduct(torch.nn.Module):
         return out
 
     def _rows(self, a_blocks: list[torch.Tensor], x2: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """Row-wise product (rows = nodes, or edges with gathered ``a_blocks``)."""
+        """Row-wise product (rows = nodes, or edges with gathered ``a_blocks``).
+
+        On the devices of :data:`DENSE_DEVICES` (all by default), dense contractions with every
+        path's coupling at once (:meth:`_rows_dense`); elsewhere the generated straight-line code
+        per path (only the nonzero coefficients, but dozens of small operations per path)."""
+        if a_blocks[0].device.type in DENSE_DEVICES:
+            return self._rows_dense(a_blocks, x2, weights)
         ops = torch_ops()
         b_blocks = split_ranks(x2, self.in2_l_max, self.in2_features)
         f = self.out_features
@@ -158,4 +185,64 @@ class TensorProduct(torch.nn.Module):
             else:
                 block = torch.stack(outs, dim=2)
             blocks.append(block.expand(rows, *block.shape[1:]).reshape(rows, math.prod(block.shape[1:])))  # not -1: rows may be 0
+        return torch.cat(blocks, dim=1)
+
+    def _coupling_from_generated(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(C [K, I, J] float64, path [K] int64)`` on the CPU: every path's coupling as one dense
+        tensor, and the path of each row.
+
+        ``I`` and ``J`` are the components of all ranks of each input (rank ``l`` from ``l**2``),
+        ``K`` the output components of every path, ordered as the output layout: rank, then
+        component, then the rank's paths. ``out[k] = sum_ij C[k, i, j] x1[i] x2[j]`` is path
+        ``path[k]``'s component before its weight. Read off the generated code (each path's
+        function at pairs of unit vectors, in float64: its coefficients exactly), so no symbolic
+        work runs here."""
+        ops = torch_ops()
+        i_all, j_all = (self.in1_l_max + 1) ** 2, (self.in2_l_max + 1) ** 2
+        per_path = []  # [2L+1, I, J] of each path
+        for p in self.paths:
+            n1, n2 = dim(p.l1), dim(p.l2)
+            a = torch.eye(n1, dtype=torch.float64).repeat_interleave(n2, 0)[:, :, None]  # pair (i, j) -> e_i
+            b = torch.eye(n2, dtype=torch.float64).repeat(n1, 1)[:, :, None]  # pair (i, j) -> e_j
+            out = getattr(ops, f"tp_{p.l1}_{p.l2}_{p.l_out}")(a, b)[:, :, 0]  # [n1 * n2, 2L+1]
+            full = torch.zeros(dim(p.l_out), i_all, j_all, dtype=torch.float64)
+            full[:, p.l1**2 : p.l1**2 + n1, p.l2**2 : p.l2**2 + n2] = out.T.reshape(dim(p.l_out), n1, n2)
+            per_path.append(full)
+        rows = [(idx, m) for l in range(self.out_l_max + 1) for m in range(dim(l)) for idx, p in enumerate(self.paths) if p.l_out == l]
+        c = torch.stack([per_path[idx][m] for idx, m in rows]) if rows else torch.zeros(0, i_all, j_all, dtype=torch.float64)
+        path = torch.tensor([idx for idx, _ in rows], dtype=torch.long)
+        return c, path
+
+    def _rows_dense(self, a_blocks: list[torch.Tensor], x2: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """:meth:`_rows` as dense contractions: a matrix product and a batched one when one input
+        has a single channel (the convolution's edge attributes), an ``einsum`` otherwise."""
+        b_blocks = split_ranks(x2, self.in2_l_max, self.in2_features)
+        a = torch.cat(a_blocks, dim=1)  # [rows, I, F1]
+        b = torch.cat(b_blocks, dim=1)  # [rows, J, F2]
+        c, path = self.coupling, self.coupling_path
+        if c.dtype != a.dtype or c.device != a.device:  # inputs in another dtype than the module: from the float64 master
+            c, path = self._coupling_master.to(a.device, a.dtype), path.to(a.device)
+        k, i, j = c.shape
+        rows, f = b.shape[0], self.out_features
+        if b.shape[2] == 1:
+            t = (b[:, :, 0] @ c.permute(2, 0, 1).reshape(j, k * i)).reshape(rows, k, i)
+            out = torch.bmm(t, a)
+        elif a.shape[2] == 1:
+            t = (a[:, :, 0] @ c.permute(1, 0, 2).reshape(i, k * j)).reshape(rows, k, j)
+            out = torch.bmm(t, b)
+        else:
+            out = torch.einsum("kij,rif,rjf->rkf", c, a, b)
+        out = out * weights.reshape(-1, self.n_paths, f).index_select(1, path)  # [rows, K, F]
+        blocks, start = [], 0
+        for l, n_paths in enumerate(self.n_paths_per_rank):
+            size = dim(l) * n_paths
+            if n_paths == 0:
+                if self.reduce_paths:
+                    blocks.append(x2.new_zeros(rows, dim(l) * f))
+                continue
+            block = out[:, start : start + size]
+            if self.reduce_paths:
+                block = block.reshape(rows, dim(l), n_paths, f).sum(2)
+            blocks.append(block.reshape(rows, math.prod(block.shape[1:])))  # not -1: rows may be 0
+            start += size
         return torch.cat(blocks, dim=1)

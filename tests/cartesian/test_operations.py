@@ -38,8 +38,19 @@ CASES = [
 ]
 
 
+@pytest.fixture(params=["generated", "dense"])
+def torch_path(request, monkeypatch):
+    """The PyTorch backend's two ways: the dense coupling contractions (the default,
+    TensorProduct._rows_dense), and the generated straight-line code per path."""
+    import flashcart.cartesian.tensor_product as module
+
+    if request.param == "generated":
+        monkeypatch.setattr(module, "DENSE_DEVICES", ())
+    return request.param
+
+
 @pytest.mark.parametrize("case", CASES, ids=str)
-def test_dense_product_matches_full_tensor_reference(case):
+def test_dense_product_matches_full_tensor_reference(case, torch_path):
     l1, l2, lo, f1, f2, sym, shared, red = case
     tp = TensorProduct(l1, l2, lo, f1, f2, symmetric=sym, shared_weights=shared, reduce_paths=red, backend="torch")
     x1, x2, w = inputs(tp, 6, shared=shared)
@@ -49,7 +60,7 @@ def test_dense_product_matches_full_tensor_reference(case):
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if not c[5]], ids=str)
-def test_convolution_product_matches_reference(case):
+def test_convolution_product_matches_reference(case, torch_path):
     l1, l2, lo, f1, f2, _, shared, red = case
     tp = TensorProduct(l1, l2, lo, f1, f2, shared_weights=shared, reduce_paths=red, backend="torch")
     receivers, senders = graph()
@@ -133,8 +144,28 @@ def _gradchecks(fn, args):
     assert torch.autograd.gradgradcheck(fn, args)
 
 
+@pytest.mark.parametrize("n_edges", [0, 1])
+def test_convolution_without_edges_or_with_one(n_edges, torch_path):
+    tp = TensorProduct(2, 3, 2, 4, 1, backend="torch")
+    receivers, senders = graph(3, n_edges)
+    x1, x2, w = inputs(tp, n_edges, n_nodes=3)
+    out = tp(x1, x2, w, receivers=receivers, senders=senders)
+    assert out.shape == (3, tp.out_width)
+    expected = tensor_product_reference(tp, x1, x2, w, receivers, senders) if n_edges else torch.zeros(3, tp.out_width)
+    assert_close(out, expected, 1e-12)
+
+
+def test_coupling_survives_float32_and_back():
+    """The dense coupling follows the module's dtype and device, but from its float64 master:
+    a float64 module that went through float32 computes the float64 product."""
+    tp = TensorProduct(2, 3, 2, 4, 1, backend="torch")
+    exact = tp.coupling.clone()
+    assert tp.float().coupling.dtype == torch.float32
+    assert torch.equal(tp.double().coupling, exact) and "coupling" not in tp.state_dict()
+
+
 @pytest.mark.parametrize("conv", [False, True])
-def test_product_gradcheck_and_gradgradcheck(conv):
+def test_product_gradcheck_and_gradgradcheck(conv, torch_path):
     tp = TensorProduct(2, 2, 2, 2, 1, backend="torch")
     if conv:
         receivers, senders = graph(4, 7)
