@@ -60,7 +60,7 @@ class CountOps(TorchDispatchMode):
 
 
 def build(args):
-    atoms = molecule("CH3CH2OH") if args.structure == "ethanol" else bulk("C", "diamond", a=3.567, cubic=True) * (args.cells,) * 3
+    atoms = molecule("CH3CH2OH") if args.structure == "ethanol" else bulk("C", "diamond", a=3.567, cubic=True) * ((args.cells,) * 3)
     cfg = load_config(overrides=[f"r_max={args.r_max}", *MODELS[args.model], "use_triton=false"])
     model = FlashCartPotential.from_config(cfg, sorted(set(atoms.get_chemical_symbols())))
     model.set_avg_neighbors(16.0)
