@@ -93,6 +93,8 @@ class TensorProduct(torch.nn.Module):
             self._coupling_master, path = self._coupling_from_generated()
             self.register_buffer("coupling", self._coupling_master.to(torch.get_default_dtype()), persistent=False)
             self.register_buffer("coupling_path", path, persistent=False)
+            nz = self._coupling_master.nonzero()  # [nnz, 3]: (k, i, j) of every nonzero coefficient
+            self.register_buffer("coupling_nonzero", nz, persistent=False)
 
     def _apply(self, fn, recurse=True):
         """Module conversions (``.to``, ``.float``, ``.double``, ``.cuda``), then the coupling
@@ -215,7 +217,8 @@ class TensorProduct(torch.nn.Module):
 
     def _rows_dense(self, a_blocks: list[torch.Tensor], x2: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """:meth:`_rows` as dense contractions: a matrix product and a batched one when one input
-        has a single channel (the convolution's edge attributes), an ``einsum`` otherwise."""
+        has a single channel (the convolution's edge attributes); otherwise the nonzero coefficients
+        gathered, multiplied and added into their output components."""
         b_blocks = split_ranks(x2, self.in2_l_max, self.in2_features)
         a = torch.cat(a_blocks, dim=1)  # [rows, I, F1]
         b = torch.cat(b_blocks, dim=1)  # [rows, J, F2]
@@ -231,7 +234,12 @@ class TensorProduct(torch.nn.Module):
             t = (a[:, :, 0] @ c.permute(1, 0, 2).reshape(i, k * j)).reshape(rows, k, j)
             out = torch.bmm(t, b)
         else:
-            out = torch.einsum("kij,rif,rjf->rkf", c, a, b)
+            # both inputs carry channels: only the nonzero coefficients (a dense contraction
+            # would multiply every (k, i, j) for every channel)
+            nz = self.coupling_nonzero.to(a.device)
+            coef = c[nz[:, 0], nz[:, 1], nz[:, 2]]
+            terms = a.index_select(1, nz[:, 1]) * b.index_select(1, nz[:, 2]) * coef[:, None]  # [rows, nnz, F]
+            out = terms.new_zeros(rows, k, f).index_add(1, nz[:, 0], terms)
         out = out * weights.reshape(-1, self.n_paths, f).index_select(1, path)  # [rows, K, F]
         blocks, start = [], 0
         for l, n_paths in enumerate(self.n_paths_per_rank):
