@@ -14,10 +14,10 @@ from ._paths import Path, enumerate_paths
 __all__ = ["TensorProduct", "edge_csr", "DENSE_DEVICES"]
 
 # Device types on which the PyTorch backend contracts dense couplings (TensorProduct._rows_dense)
-# instead of running the generated straight-line code per path. Dense is faster on both: an
-# i2c3f20l2r force call on ethanol (one CPU thread) took 18.6 instead of 36.0 ms, and has 1,308
-# instead of 9,783 kernel-launching operations (benchmarks/RESULTS.md, 2026-12-02). Tests empty
-# it to check one way against the other.
+# instead of running the generated straight-line code per path: an i2c3f20l2r force call has
+# 1,189 instead of 9,743 kernel-launching operations, and on ethanol (one CPU thread) took 15.5
+# instead of 29.7 ms (benchmarks/RESULTS.md, 2026-12-02). Tests empty it to check one way
+# against the other.
 DENSE_DEVICES = ("cuda", "cpu")
 
 
@@ -93,8 +93,6 @@ class TensorProduct(torch.nn.Module):
             self._coupling_master, path = self._coupling_from_generated()
             self.register_buffer("coupling", self._coupling_master.to(torch.get_default_dtype()), persistent=False)
             self.register_buffer("coupling_path", path, persistent=False)
-            nz = self._coupling_master.nonzero()  # [nnz, 3]: (k, i, j) of every nonzero coefficient
-            self.register_buffer("coupling_nonzero", nz, persistent=False)
 
     def _apply(self, fn, recurse=True):
         """Module conversions (``.to``, ``.float``, ``.double``, ``.cuda``), then the coupling
@@ -217,8 +215,7 @@ class TensorProduct(torch.nn.Module):
 
     def _rows_dense(self, a_blocks: list[torch.Tensor], x2: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """:meth:`_rows` as dense contractions: a matrix product and a batched one when one input
-        has a single channel (the convolution's edge attributes); otherwise the nonzero coefficients
-        gathered, multiplied and added into their output components."""
+        has a single channel (the convolution's edge attributes), an ``einsum`` otherwise."""
         b_blocks = split_ranks(x2, self.in2_l_max, self.in2_features)
         a = torch.cat(a_blocks, dim=1)  # [rows, I, F1]
         b = torch.cat(b_blocks, dim=1)  # [rows, J, F2]
@@ -234,12 +231,10 @@ class TensorProduct(torch.nn.Module):
             t = (a[:, :, 0] @ c.permute(1, 0, 2).reshape(i, k * j)).reshape(rows, k, j)
             out = torch.bmm(t, b)
         else:
-            # both inputs carry channels: only the nonzero coefficients (a dense contraction
-            # would multiply every (k, i, j) for every channel)
-            nz = self.coupling_nonzero.to(a.device)
-            coef = c[nz[:, 0], nz[:, 1], nz[:, 2]]
-            terms = a.index_select(1, nz[:, 1]) * b.index_select(1, nz[:, 2]) * coef[:, None]  # [rows, nnz, F]
-            out = terms.new_zeros(rows, k, f).index_add(1, nz[:, 0], terms)
+            # both inputs carry channels. Gathering only the nonzero coefficients and adding them
+            # with index_add was 2x faster eagerly on the CPU, but the AOTInductor package of it
+            # computed wrong forces (6e-2 relative, energy right; 2026-12-02): kept dense.
+            out = torch.einsum("kij,rif,rjf->rkf", c, a, b)
         out = out * weights.reshape(-1, self.n_paths, f).index_select(1, path)  # [rows, K, F]
         blocks, start = [], 0
         for l, n_paths in enumerate(self.n_paths_per_rank):
