@@ -14,8 +14,8 @@ from ._paths import Path, enumerate_paths
 __all__ = ["TensorProduct", "edge_csr", "DENSE_DEVICES"]
 
 # Device types on which the PyTorch backend contracts dense couplings (TensorProduct._rows_dense)
-# instead of running the generated straight-line code per path: an i2c3f20l2r force call has
-# 1,189 instead of 9,743 kernel-launching operations, and on ethanol (one CPU thread) took 15.5
+# instead of running the generated straight-line code per path (TensorProduct._rows): an i2c3f20l2r force call has
+# 1,024 instead of 9,743 kernel-launching operations, and on ethanol (one CPU thread) took 15.5
 # instead of 29.7 ms (benchmarks/RESULTS.md, 2026-12-02). Tests empty it to check one way
 # against the other.
 DENSE_DEVICES = ("cuda", "cpu")
@@ -147,22 +147,21 @@ class TensorProduct(torch.nn.Module):
             return self._forward_torch(x1, x2, weights, receivers, senders, conv)
 
     def _forward_torch(self, x1, x2, weights, receivers, senders, conv: bool) -> torch.Tensor:
-        a_blocks = split_ranks(x1, self.in1_l_max, self.in1_features)
-        if conv:
-            a_blocks = [a.index_select(0, senders) for a in a_blocks]
-        out = self._rows(a_blocks, x2, weights)
+        if x1.device.type in DENSE_DEVICES:
+            out = self._rows_dense(x1.index_select(0, senders) if conv else x1, x2, weights)
+        else:
+            a_blocks = split_ranks(x1, self.in1_l_max, self.in1_features)
+            if conv:
+                a_blocks = [a.index_select(0, senders) for a in a_blocks]
+            out = self._rows(a_blocks, x2, weights)
         if conv:
             out = out.new_zeros(x1.shape[0], out.shape[1]).index_add_(0, receivers, out)
         return out
 
     def _rows(self, a_blocks: list[torch.Tensor], x2: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """Row-wise product (rows = nodes, or edges with gathered ``a_blocks``).
-
-        On the devices of :data:`DENSE_DEVICES` (all by default), dense contractions with every
-        path's coupling at once (:meth:`_rows_dense`); elsewhere the generated straight-line code
-        per path (only the nonzero coefficients, but dozens of small operations per path)."""
-        if a_blocks[0].device.type in DENSE_DEVICES:
-            return self._rows_dense(a_blocks, x2, weights)
+        """Row-wise product (rows = nodes, or edges with gathered ``a_blocks``) by the generated
+        straight-line code per path: only the nonzero coefficients, but dozens of small
+        operations per path. Used on the devices missing from :data:`DENSE_DEVICES` (none by default)."""
         ops = torch_ops()
         b_blocks = split_ranks(x2, self.in2_l_max, self.in2_features)
         f = self.out_features
@@ -213,17 +212,20 @@ class TensorProduct(torch.nn.Module):
         path = torch.tensor([idx for idx, _ in rows], dtype=torch.long)
         return c, path
 
-    def _rows_dense(self, a_blocks: list[torch.Tensor], x2: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """:meth:`_rows` as dense contractions: a matrix product and a batched one when one input
-        has a single channel (the convolution's edge attributes), an ``einsum`` otherwise."""
-        b_blocks = split_ranks(x2, self.in2_l_max, self.in2_features)
-        a = torch.cat(a_blocks, dim=1)  # [rows, I, F1]
-        b = torch.cat(b_blocks, dim=1)  # [rows, J, F2]
+    def _rows_dense(self, x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """:meth:`_rows` as dense contractions on row-aligned ``x1 [rows, W1]`` (the convolution's
+        already gathered at the senders) and ``x2 [rows, W2]``: a matrix product and a batched one
+        when one input has a single channel (the convolution's edge attributes), an ``einsum``
+        otherwise."""
+        rows = x2.shape[0]
+        # a layout row is its rank blocks [2l+1, F] one after the other: [components, F] as a view
+        a = x1.reshape(rows, (self.in1_l_max + 1) ** 2, self.in1_features)  # [rows, I, F1]
+        b = x2.reshape(rows, (self.in2_l_max + 1) ** 2, self.in2_features)  # [rows, J, F2]
         c, path = self.coupling, self.coupling_path
         if c.dtype != a.dtype or c.device != a.device:  # inputs in another dtype than the module: from the float64 master
             c, path = self._coupling_master.to(a.device, a.dtype), path.to(a.device)
         k, i, j = c.shape
-        rows, f = b.shape[0], self.out_features
+        f = self.out_features
         if b.shape[2] == 1:
             t = (b[:, :, 0] @ c.permute(2, 0, 1).reshape(j, k * i)).reshape(rows, k, i)
             out = torch.bmm(t, a)
