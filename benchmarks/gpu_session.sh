@@ -81,6 +81,10 @@
 #   linsplit one GPU: the linear maps' forward / input-gradient reduction split (ops.RowMapSplit; GPU parity, float64
 #            1e-12), then linear_tiles.py --split and the tf32x3 tiles for both published models, and the radial MLP
 #            per pair against per edge (radial_pairs.py; about 8 minutes)
+#   pairs    one GPU: the radial MLPs once per pair of reverse edges (FlashCartPotential.radial_pairs): tests/model's
+#            GPU tests (compiled, grouped by pairs, == eager, not grouped), the MLP alone, then whole reduce-overhead
+#            force calls per edge against per pair, alternating (about 7 minutes)
+#   pairstrain one GPU: the same for the reduce-overhead training step (two compiles, about 9 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
 # Each GPU writes one log per part into OUT (the device tool returns at most 8 files).
@@ -503,11 +507,21 @@ linsplit)
   done > "$out/linear_split.log" 2>&1
   timeout 120 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond > "$out/radial_pairs.log" 2>&1
   ;;
+pairs)
+  gpu_tests 0 "tests/model/test_gpu_model.py:200" > "$out/tests_model.log" 2>&1
+  timeout 90 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond > "$out/radial_pairs.log" 2>&1
+  timeout 240 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond --calls reduce-overhead \
+    --rounds 9 --calls-per-round 50 > "$out/pair_calls.log" 2>&1
+  ;;
+pairstrain)
+  timeout 560 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond --calls reduce-overhead \
+    --training --rounds 7 --calls-per-round 20 > "$out/pair_calls_training.log" 2>&1
+  ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, pairstrain or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

@@ -97,6 +97,12 @@ def model_arguments(parser) -> None:
     parser.add_argument("--option", nargs="*", default=[], help="extra model KEY=VALUE options")
     parser.add_argument("--structure", default="diamond")
     parser.add_argument("--r-max", type=float, default=6.0)
+    parser.add_argument(
+        "--radial-pairs",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="FlashCartPotential.radial_pairs: the radial MLPs once per pair of reverse edges (auto: CPU and compiled calls)",
+    )
 
 
 def build(args, device: torch.device):
@@ -108,6 +114,7 @@ def build(args, device: torch.device):
     s.energy = torch.tensor(0.0, dtype=torch.float64)
     s.forces = torch.zeros(len(atoms), 3, dtype=torch.float64)
     prefit(model, [s])
+    model.radial_pairs = {"auto": "auto", "on": True, "off": False}[getattr(args, "radial_pairs", "auto")]
     model.to(device)
     batch = collate([s], model.z_to_type.cpu()).to(device, torch.float32)
     return model, batch

@@ -21,6 +21,13 @@ call. Float32, TF32 off::
 
     python benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond
     python benchmarks/radial_pairs.py --device cpu --model tiny --structure ethanol   # smoke test
+
+``--calls MODE`` times whole Predictor calls instead (padded, compiled with ``MODE``, or eager
+with ``eager``): the force call, and with ``--training`` the training step (predict with
+create_graph, loss, parameter gradients), with ``FlashCartPotential.radial_pairs`` off and on,
+alternating in rounds (median ms per call, CUDA synchronised, warm-up and compiles excluded)::
+
+    python benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond --calls reduce-overhead
 """
 
 from __future__ import annotations
@@ -35,13 +42,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.kernel_profile import build, model_arguments  # noqa: E402
+from flashcart.nn.edge_pairs import edge_pairs  # noqa: E402
 
 
-def reverse_edges(receivers: torch.Tensor, senders: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor:
-    """``[E]`` index of each edge's reverse (``senders -> receivers`` with the opposite shift), or -1."""
-    n = int(torch.maximum(receivers.max(), senders.max())) + 1
+def reverse_edges(receivers: torch.Tensor, senders: torch.Tensor, shifts: torch.Tensor, n: int, span: int) -> torch.Tensor:
+    """``[E]`` index of each edge's reverse (``senders -> receivers`` with the opposite shift), or -1;
+    ``n`` nodes, shifts within ``+-span`` (given: reading them from the device cannot be captured)."""
     s = shifts.round().long()
-    span = int(s.abs().max()) if s.numel() else 0
     base = 2 * span + 1
 
     def key(r, q, sh):
@@ -70,17 +77,84 @@ def _ms(fn, cuda: bool) -> float:
     return (time.perf_counter() - t0) / 3 * 1e3
 
 
+def whole_calls(args, model, batch, device) -> None:
+    """Predictor calls with the radial MLPs per edge and per pair, alternating (``--calls``)."""
+    import statistics
+
+    from flashcart.model import Predictor
+
+    cuda = device.type == "cuda"
+    compiled = args.calls != "eager"
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    def make(setting):
+        predictor = Predictor(model, compile=compiled, compile_mode=args.calls if compiled else "default", pad=True)
+
+        def force():
+            model.radial_pairs = setting
+            with predictor.frozen():
+                predictor(batch, forces=True)
+
+        def training():
+            model.radial_pairs = setting
+            for p in params:
+                p.grad = None
+            out = predictor(batch, forces=True, create_graph=True)
+            ((out["energy"] ** 2).sum() + (out["forces"] ** 2).mean()).backward(inputs=params)
+
+        return {"force call": force, "training step": training}
+
+    settings = {"per edge": False, "per pair": True}
+    fns = {name: make(value) for name, value in settings.items()}
+    phases = ["force call"] + (["training step"] if args.training else [])
+    print(f"[calls] {args.model} on {args.structure}: {batch.receivers.shape[0]} edges, {device}, float32, Predictor {args.calls}, padded")
+    for phase in phases:
+        for name in settings:  # compile and warm up each
+            t0 = time.perf_counter()
+            for _ in range(3):
+                fns[name][phase]()
+            sync()
+            print(f"  {phase}, {name}: first three calls (compile, warm-up) {time.perf_counter() - t0:.1f} s", flush=True)
+        times = {name: [] for name in settings}
+        for _ in range(args.rounds):
+            for name in settings:
+                sync()
+                t0 = time.perf_counter()
+                for _ in range(args.calls_per_round):
+                    fns[name][phase]()
+                sync()
+                times[name].append((time.perf_counter() - t0) / args.calls_per_round * 1e3)
+        line = ", ".join(f"{name} {statistics.median(v):.3f} ms" for name, v in times.items())
+        ratio = statistics.median(times["per pair"]) / statistics.median(times["per edge"])
+        print(
+            f"{phase}: {line} (per pair / per edge {ratio:.3f}; median of {args.rounds} rounds of {args.calls_per_round} calls)", flush=True
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     model_arguments(parser)
+    parser.add_argument("--calls", default=None, help="time whole Predictor calls: a torch.compile mode, or eager")
+    parser.add_argument("--training", action="store_true", help="with --calls: the training step too")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--calls-per-round", type=int, default=20)
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     model, batch = build(args, device)
+    if args.calls is not None:
+        whole_calls(args, model, batch, device)
+        return
     if any(block.element_features for block in model.interactions):
         raise SystemExit(f"{args.model}: its radial MLPs take element features, so their input is not a function of the pair alone")
-    rev = reverse_edges(batch.receivers, batch.senders, batch.shifts)
+    n_nodes = batch.positions.shape[0]
+    span = int(batch.shifts.abs().max()) if batch.shifts.numel() else 0
+    rev = reverse_edges(batch.receivers, batch.senders, batch.shifts, n_nodes, span)
     if bool((rev < 0).any()):
         raise SystemExit(f"the neighbour list is not pair-complete: {int((rev < 0).sum())} edges without a reverse")
     edges = rev.numel()
@@ -90,7 +164,9 @@ def main() -> None:
     pair_of_edge = torch.empty_like(e)
     pair_of_edge[reps] = torch.arange(reps.numel(), device=device)
     pair_of_edge[rev[reps]] = pair_of_edge[reps]
-    find_ms = _ms(lambda: reverse_edges(batch.receivers, batch.senders, batch.shifts), cuda)
+    find_ms = _ms(lambda: reverse_edges(batch.receivers, batch.senders, batch.shifts, n_nodes, span), cuda)
+    live = torch.ones_like(batch.receivers, dtype=torch.bool)
+    group_ms = _ms(lambda: edge_pairs(batch.receivers, batch.senders, batch.shifts, live, n_nodes), cuda)
 
     vec = batch.positions[batch.senders] - batch.positions[batch.receivers]
     vec = vec + (batch.shifts.to(vec.dtype)[:, :, None] * batch.cell[batch.edge_batch]).sum(1)
@@ -98,6 +174,7 @@ def main() -> None:
     radial = (model.basis(d) * model.envelope(d)[:, None]).detach()
     print(f"[setup] {args.model} on {args.structure}: {edges} edges, {reps.numel()} pairs, {device}, float32")
     print(f"finding the reverse edges (once per neighbour list): {find_ms:.3f} ms")
+    print(f"grouping the edges into pairs (flashcart.nn.edge_pairs, once per model call): {group_ms:.3f} ms")
     print(f"{'MLP':<22} {'edges ms':>9} {'pairs + gather ms':>18} {'pairs only ms':>14} {'max |w_pairs - w_edges|':>24}")
     g = torch.Generator(device=device).manual_seed(0)
     totals = [0.0, 0.0, 0.0]

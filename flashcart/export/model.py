@@ -22,6 +22,9 @@ def frozen_copy(model: FlashCartPotential, dtype: torch.dtype, device: torch.dev
     copy.load_state_dict(model.state_dict())
     copy.eval()
     copy.requires_grad_(False)
+    # one radial-MLP row per edge: the pair grouping checks its list eagerly, which a traced
+    # graph cannot (flashcart.nn.edge_pairs)
+    copy.radial_pairs = False
     return copy
 
 

@@ -14,6 +14,7 @@ from ase.data import atomic_numbers, chemical_symbols
 
 from ..cartesian import DirectionExpansion, edge_csr
 from ..nn.blocks import Gate, Interaction, ProductBlock
+from ..nn.edge_pairs import EdgePairs, edge_pairs, pairs_fit
 from ..nn.radial import MLP, ChebyshevBasis, PolynomialEnvelope
 
 __all__ = ["FlashCartPotential", "MODEL_KEYS", "element_types"]
@@ -72,6 +73,12 @@ class FlashCartPotential(torch.nn.Module):
         elements: chemical symbols the model knows (order defines type indices).
         **options: any of :data:`MODEL_KEYS`; missing ones take the packaged defaults.
         avg_neighbors: edges per atom within ``r_max`` (set by :meth:`prefit`).
+
+    Attributes:
+        radial_pairs: evaluate each element-agnostic radial MLP once per pair of reverse edges
+            (:mod:`flashcart.nn.edge_pairs`; exact, half the MLP's matrix products). ``"auto"``
+            (default): on the CPU, and in compiled calls on CUDA; ``True``: also eager on CUDA;
+            ``False``: never. Not a configuration key: it changes the speed, not the results.
     """
 
     def __init__(self, elements: list[str], avg_neighbors: float = 1.0, **options: Any):
@@ -139,6 +146,7 @@ class FlashCartPotential(torch.nn.Module):
         self.register_buffer("scale", torch.ones(n_el, dtype=torch.float64))
         self.register_buffer("avg_neighbors", torch.tensor(float(avg_neighbors), dtype=torch.float64))
         self.F = F
+        self.radial_pairs: bool | str = "auto"
 
     # ------------------------------------------------------------------ construction
 
@@ -188,15 +196,59 @@ class FlashCartPotential(torch.nn.Module):
         radial = self.basis(d) * env[:, None]
         csr = edge_csr(receivers, senders, positions.shape[0])
         node_embed = self.element_embedding(types) if hasattr(self, "element_embedding") else None
+        pairs = self._edge_pairs(receivers, senders, shifts, env, positions.shape[0])
         x = self.embedding(types)
         scalars = []
         for interaction, gate, product in zip(self.interactions, self.gates, self.products):
-            a = interaction(x, attrs, radial, receivers, senders, csr, node_embed)
+            a = interaction(x, attrs, radial, receivers, senders, csr, node_embed, pairs)
             a = gate(a)
             x = product(a, types)
             scalars.append(x[:, : self.F])
         e = self.readout(torch.cat(scalars, dim=1)).squeeze(-1)
         return e * self.scale[types].to(e.dtype) + self.atomic_shifts[types].to(e.dtype)
+
+    def radial_pairs_used(self, cuda: bool, compiling: bool) -> bool:
+        """Whether a call on CUDA (or not), compiled (or not), groups the edges into pairs for the
+        radial MLPs (:attr:`radial_pairs`; element-agnostic interactions only)."""
+        mode = self.radial_pairs
+        if mode not in (True, False, "auto"):
+            raise ValueError(f"FlashCartPotential.radial_pairs must be True, False or 'auto', got {mode!r}")
+        if mode is False or hasattr(self, "element_embedding"):
+            return False
+        # eager CUDA calls are host-bound: the grouping's launches would cost more than the GEMMs save
+        return mode is True or not cuda or compiling
+
+    def check_pair_complete(self, receivers, senders, shifts, n_real_edges: int, n_nodes: int, where: str = "the neighbour list") -> None:
+        """Raise ``ValueError`` unless the first ``n_real_edges`` edges group into pairs within the
+        static row count of a compiled call (edges after them are padding). One synchronisation."""
+        live = torch.arange(receivers.shape[0], device=receivers.device) < n_real_edges
+        pairs = edge_pairs(receivers, senders, shifts, live, n_nodes)
+        if not pairs_fit(pairs, shifts, n_nodes):
+            raise ValueError(
+                f"{where} is not pair-complete ({int(pairs.n_groups)} pairs and single edges among {n_real_edges} edges, "
+                f"at most {pairs.leader.shape[0]} fit): compiled calls evaluate the radial MLPs once per pair of reverse "
+                f"edges, so every edge i -> j needs its j -> i with the opposite shift (a full neighbour list). "
+                f"Pass a full list, or set model.radial_pairs = False"
+            )
+
+    def _edge_pairs(self, receivers, senders, shifts, env, n_nodes: int) -> EdgePairs | None:
+        """The edges grouped into reverse pairs for the radial MLPs, or ``None`` (one MLP row per edge).
+
+        Used as :attr:`radial_pairs` says. Eager calls check that every group has a row
+        (:func:`~flashcart.nn.edge_pairs.pairs_fit`, one synchronisation) and fall back to one row
+        per edge when not; compiled calls and CUDA-graph captures cannot check, so they take the
+        list to be pair-complete, as every list FlashCart builds is (the :class:`Predictor`
+        checks each new list it pads). Traced and exported models keep one row per edge.
+        """
+        if receivers.shape[0] == 0 or torch.jit.is_tracing() or torch.compiler.is_exporting():
+            return None
+        compiling = torch.compiler.is_compiling()
+        if not self.radial_pairs_used(receivers.is_cuda, compiling):
+            return None
+        pairs = edge_pairs(receivers, senders, shifts, env != 0, n_nodes)
+        if compiling or (receivers.is_cuda and torch.cuda.is_current_stream_capturing()):
+            return pairs
+        return pairs if pairs_fit(pairs, shifts, n_nodes) else None
 
     def forward(self, positions, types, cell, shifts, receivers, senders, batch, edge_batch, n_graphs: int):
         """Energies per graph ``[G]`` (eV)."""

@@ -192,6 +192,7 @@ class Predictor:
         self.capacities = Capacities()
         self._compiled: dict[tuple, Callable] = {}
         self._pad_cache: tuple | None = None  # (graph tensors, capacities, padded batch)
+        self._pairs_checked: tuple | None = None  # the last list checked for pair-completeness
         self._parameters = list(model.parameters())
         self._warned_cpu_mode = False
 
@@ -256,8 +257,21 @@ class Predictor:
                 stress=b.stress,
             )
         out = self._pad(b, n, e, g)
+        self._check_pairs(out, e)
         self._pad_cache = (graph, (cap.atoms, cap.edges, cap.graphs), out)
         return out
+
+    def _check_pairs(self, b: Batch, n_real_edges: int) -> None:
+        """Compiled calls cannot check the radial MLPs' pair grouping (:mod:`flashcart.nn.edge_pairs`):
+        check each new neighbour list once, before them (one synchronisation)."""
+        check = getattr(self.model, "check_pair_complete", None)
+        if not self.compile or check is None or not self.model.radial_pairs_used(b.receivers.is_cuda, True):
+            return
+        listed = (b.receivers, b.senders, b.shifts)
+        if self._pairs_checked is not None and all(x is y for x, y in zip(self._pairs_checked, listed)):
+            return  # the list checked last time (the very same tensors)
+        check(b.receivers, b.senders, b.shifts, n_real_edges, b.positions.shape[0], where="the batch's neighbour list")
+        self._pairs_checked = listed
 
     def _pad(self, b: Batch, n: int, e: int, g: int) -> Batch:
         cap = self.capacities
@@ -365,7 +379,11 @@ class Predictor:
     def __call__(self, batch: Batch, forces: bool = True, stress: bool = False, create_graph: bool = False) -> dict[str, torch.Tensor]:
         """``{"energy": [G], "forces": [N, 3], "stress": [G, 3, 3]}`` for the real atoms and graphs."""
         n, g = batch.positions.shape[0], batch.n_graphs
-        b = self.padded(batch) if self.pad else batch
+        if self.pad:
+            b = self.padded(batch)
+        else:
+            b = batch
+            self._check_pairs(b, b.receivers.shape[0])
         need_grad = forces or stress
         positions = b.positions.detach().requires_grad_(need_grad)
         strain = None

@@ -77,7 +77,9 @@ class Interaction(torch.nn.Module):
     channel) gains.
 
     ``forward(x [n, W_in], attrs [E, (l_edge+1)^2], radial [E, n_radial], receivers, senders,
-    csr, node_embed [n, F_e] | None) -> [n, layout_width(l_out, F)]``.
+    csr, node_embed [n, F_e] | None, pairs: EdgePairs | None) -> [n, layout_width(l_out, F)]``.
+    With ``pairs`` (:mod:`flashcart.nn.edge_pairs`; element-agnostic blocks only) the radial MLP
+    runs once per pair of reverse edges and both edges read their pair's weights.
     """
 
     def __init__(
@@ -104,15 +106,21 @@ class Interaction(torch.nn.Module):
         self.register_buffer("inv_sqrt_avg_neighbors", torch.tensor(1.0 / math.sqrt(avg_neighbors)))
         self.norm = RMSNorm(l_out, F, backend=backend) if layer_norm else None
 
-    def forward(self, x, attrs, radial, receivers, senders, csr, node_embed=None):
-        if self.element_features:
-            # radial input stays proportional to the envelope: element terms multiply it
-            env = radial[:, :1]
-            radial = torch.cat([radial, node_embed[senders] * env, node_embed[receivers] * env], dim=1)
-        weights = self.radial(radial)
+    def forward(self, x, attrs, radial, receivers, senders, csr, node_embed=None, pairs=None):
+        weights = self.edge_weights(radial, receivers, senders, node_embed, pairs)
         msg = self.tp(self.linear_in(x), attrs, weights, receivers, senders, csr) * self.inv_sqrt_avg_neighbors.to(x.dtype)
         out = self.linear_out(msg) + self.skip(x)
         return self.norm(out) if self.norm is not None else out
+
+    def edge_weights(self, radial, receivers, senders, node_embed=None, pairs=None) -> torch.Tensor:
+        """``[E, weight_numel]``: the radial MLP's path weights of every edge (once per pair with ``pairs``)."""
+        if self.element_features:
+            # radial input stays proportional to the envelope: element terms multiply it
+            env = radial[:, :1]
+            return self.radial(torch.cat([radial, node_embed[senders] * env, node_embed[receivers] * env], dim=1))
+        if pairs is not None:
+            return self.radial(radial.index_select(0, pairs.leader)).index_select(0, pairs.pair_of_edge)
+        return self.radial(radial)
 
 
 class Gate(torch.nn.Module):
