@@ -2,7 +2,8 @@
 
 import pytest
 import torch
-from ase.build import bulk, molecule as ase_molecule
+from ase.build import bulk
+from ase.build import molecule as ase_molecule
 
 from flashcart.data import collate, structure_from_atoms
 from flashcart.model import Predictor
