@@ -54,6 +54,8 @@ def structure(name: str) -> Atoms:
         return bulk("C", "diamond", a=3.567, cubic=True) * (5, 5, 5)
     if name == "diamond512":
         return bulk("C", "diamond", a=3.567, cubic=True) * (4, 4, 4)
+    if name == "diamond216":
+        return bulk("C", "diamond", a=3.567, cubic=True) * (3, 3, 3)
     if name == "water":  # 256 H2O in a 19.706 Å cube (about 1 g/cm^3), random orientations on a grid
         rng = np.random.default_rng(0)
         box, n_side = 19.706, 7

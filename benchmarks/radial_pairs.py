@@ -22,8 +22,8 @@ call. Float32, TF32 off::
     python benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond
     python benchmarks/radial_pairs.py --device cpu --model tiny --structure ethanol   # smoke test
 
-``--calls MODE`` times whole Predictor calls instead (padded, compiled with ``MODE``, or eager
-with ``eager``): the force call, and with ``--training`` the training step (predict with
+``--calls MODE`` times whole Predictor calls instead (padded unless ``--unpadded``, compiled with
+``MODE``, or eager with ``eager``): the force call, and with ``--training`` the training step (predict with
 create_graph, loss, parameter gradients), with ``FlashCartPotential.radial_pairs`` off and on,
 alternating in rounds (median ms per call, CUDA synchronised, warm-up and compiles excluded)::
 
@@ -33,6 +33,7 @@ alternating in rounds (median ms per call, CUDA synchronised, warm-up and compil
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import time
 from pathlib import Path
@@ -77,7 +78,7 @@ def _ms(fn, cuda: bool) -> float:
     return (time.perf_counter() - t0) / 3 * 1e3
 
 
-def whole_calls(args, model, batch, device) -> None:
+def whole_calls(args, base, batch, device) -> None:
     """Predictor calls with the radial MLPs per edge and per pair, alternating (``--calls``)."""
     import statistics
 
@@ -85,22 +86,23 @@ def whole_calls(args, model, batch, device) -> None:
 
     cuda = device.type == "cuda"
     compiled = args.calls != "eager"
-    params = [p for p in model.parameters() if p.requires_grad]
 
     def sync():
         if cuda:
             torch.cuda.synchronize()
 
     def make(setting):
-        predictor = Predictor(model, compile=compiled, compile_mode=args.calls if compiled else "default", pad=True)
+        # a copy of its own: compiled functions do not see a later change of the attribute
+        model = copy.deepcopy(base)
+        model.radial_pairs = setting
+        params = [p for p in model.parameters() if p.requires_grad]
+        predictor = Predictor(model, compile=compiled, compile_mode=args.calls if compiled else "default", pad=not args.unpadded)
 
         def force():
-            model.radial_pairs = setting
             with predictor.frozen():
                 predictor(batch, forces=True)
 
         def training():
-            model.radial_pairs = setting
             for p in params:
                 p.grad = None
             out = predictor(batch, forces=True, create_graph=True)
@@ -111,7 +113,8 @@ def whole_calls(args, model, batch, device) -> None:
     settings = {"per edge": False, "per pair": True}
     fns = {name: make(value) for name, value in settings.items()}
     phases = ["force call"] + (["training step"] if args.training else [])
-    print(f"[calls] {args.model} on {args.structure}: {batch.receivers.shape[0]} edges, {device}, float32, Predictor {args.calls}, padded")
+    padding = "unpadded" if args.unpadded else "padded"
+    print(f"[calls] {args.model} on {args.structure}: {batch.receivers.shape[0]} edges, {device}, float32, Predictor {args.calls}, {padding}")
     for phase in phases:
         for name in settings:  # compile and warm up each
             t0 = time.perf_counter()
@@ -140,6 +143,7 @@ def main() -> None:
     model_arguments(parser)
     parser.add_argument("--calls", default=None, help="time whole Predictor calls: a torch.compile mode, or eager")
     parser.add_argument("--training", action="store_true", help="with --calls: the training step too")
+    parser.add_argument("--unpadded", action="store_true", help="with --calls: the Predictor without padding")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls-per-round", type=int, default=20)
     args = parser.parse_args()

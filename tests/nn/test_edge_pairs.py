@@ -130,10 +130,12 @@ def test_padded_predictor_and_incomplete_lists():
 
 def test_element_features_and_bad_setting():
     m = tiny_model(element_agnostic_interaction=False)
-    assert not m.radial_pairs_used(cuda=False, compiling=True)
+    m.radial_pairs = True
+    assert not m.radial_pairs_used(cuda=False)
     m = tiny_model()
-    assert m.radial_pairs_used(cuda=False, compiling=False) and m.radial_pairs_used(cuda=True, compiling=True)
-    assert not m.radial_pairs_used(cuda=True, compiling=False)  # "auto": eager CUDA calls are host-bound
+    assert m.radial_pairs_used(cuda=False) and not m.radial_pairs_used(cuda=True)  # "auto": the CPU only
+    m.radial_pairs = True
+    assert m.radial_pairs_used(cuda=True)
     m.radial_pairs = "yes"
     with pytest.raises(ValueError, match="radial_pairs"):
         m.predict(as_batch(m, [molecule()]))
