@@ -84,6 +84,9 @@
 #   pairs    one GPU: the radial MLPs once per pair of reverse edges (FlashCartPotential.radial_pairs): tests/model's
 #            GPU tests (compiled, grouped by pairs, == eager, not grouped), the MLP alone, then whole reduce-overhead
 #            force calls per edge against per pair, alternating (about 7 minutes)
+#   csrbwd   one GPU: the convolution backward in one pass per sender (tp_bwd_csr): GPU parity against the two kernels
+#            and the PyTorch backend (float64), kernels.py's backward both ways (F 20, 64; output rank 3), then
+#            i2c3f20l2r's eager kernel profile (force call and training step) with FLASHCART_FUSED_CSR_BACKWARD 1 and 0
 #   pairstrain one GPU: the same for the reduce-overhead training step (two compiles, about 9 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -513,6 +516,15 @@ pairs)
   timeout 240 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond --calls reduce-overhead \
     --rounds 9 --calls-per-round 50 > "$out/pair_calls.log" 2>&1
   ;;
+csrbwd)
+  gpu_tests 0 "tests/cartesian/test_triton_parity.py -k csr_backward:60" "tests/cartesian/test_triton_parity.py -k tensor_product_parity:120" \
+    > "$out/tests_csr.log" 2>&1
+  timeout 120 python3 benchmarks/kernels.py --features 20 64 --out-l-max 3 --backends triton --dbwd fused > "$out/kernels.log" 2>&1
+  for v in 1 0; do
+    echo "=== FLASHCART_FUSED_CSR_BACKWARD=$v"
+    FLASHCART_FUSED_CSR_BACKWARD=$v timeout 110 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --repeat 5 --rows 14
+  done > "$out/profile_eager.log" 2>&1
+  ;;
 pairstrain)
   timeout 560 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond --calls reduce-overhead \
     --training --rounds 7 --calls-per-round 20 > "$out/pair_calls_training.log" 2>&1
@@ -521,7 +533,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, pairstrain or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, pairstrain or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

@@ -13,7 +13,8 @@ kernels, two launches, the default), ``split`` (fused, with the output cotangent
 in a receiver pass of its own: three launches, fewer registers), ``grouped`` (fused, the
 receiver pass split by output rank over a grid axis: two launches, no register spills) and
 ``composed`` (tp_fwd/tp_bwd launches with substituted operands,
-``FLASHCART_FUSED_DOUBLE_BACKWARD=0``).
+``FLASHCART_FUSED_DOUBLE_BACKWARD=0``). The Triton backward is also timed the other way of
+``FLASHCART_FUSED_CSR_BACKWARD`` (one pass per sender, ``tp_bwd_csr``, against the two kernels).
 
     python benchmarks/kernels.py --features 20 64 128 [--dbwd fused split grouped composed] [--json out.json]
 
@@ -193,6 +194,13 @@ def main() -> None:
                 with torch.no_grad():
                     t_f = bench(fwd)
                 t_b = bench(lambda: torch.autograd.grad(out, ins, go, retain_graph=True))
+                t_b2 = None
+                if backend == "triton":  # the backward as two kernels (tp_bwd_edge, tp_bwd_x1_csr)
+                    saved, ops.FUSED_CSR_BACKWARD = ops.FUSED_CSR_BACKWARD, not ops.FUSED_CSR_BACKWARD
+                    try:
+                        t_b2 = bench(lambda: torch.autograd.grad(out, ins, go, retain_graph=True))
+                    finally:
+                        ops.FUSED_CSR_BACKWARD = saved
                 t_d = {}
                 for mode in args.dbwd if backend == "triton" else ["torch"]:
                     with dbwd_mode(mode) if mode in DBWD_MODES else contextlib.nullcontext():
@@ -213,6 +221,7 @@ def main() -> None:
                 paths=tp.n_paths,
                 fwd_ms=t_f,
                 bwd_ms=t_b,
+                bwd_other_ms=t_b2,
                 dbwd_ms=first,
                 dbwd_modes_ms=t_d,
                 fwd_bytes=b_f,
@@ -226,12 +235,14 @@ def main() -> None:
             del out, grads, s
             torch.cuda.empty_cache()
     head = f"{'F':>4} {'backend':>7} {'fwd ms':>8} {'bwd ms':>8} {'dbwd ms':>8} {'fwd %bw':>8} {'bwd %bw':>8} {'dbwd %bw':>8}"
-    print(head + "  dbwd by mode (x fwd)")
+    other = "two kernels" if ops.FUSED_CSR_BACKWARD else "one pass per sender"
+    print(head + f"  bwd {other} ms  dbwd by mode (x fwd)")
     for r in rows:
         modes = "  ".join(f"{m} {t:.3f} ({t / r['fwd_ms']:.1f}x)" for m, t in r["dbwd_modes_ms"].items())
         print(
             f"{r['F']:4d} {r['backend']:>7} {r['fwd_ms']:8.3f} {r['bwd_ms']:8.3f} {r['dbwd_ms']:8.3f} "
-            f"{100 * r['fwd_roofline']:7.1f}% {100 * r['bwd_roofline']:7.1f}% {100 * r['dbwd_roofline']:7.1f}%  {modes}"
+            f"{100 * r['fwd_roofline']:7.1f}% {100 * r['bwd_roofline']:7.1f}% {100 * r['dbwd_roofline']:7.1f}%  "
+            f"{'-' if r['bwd_other_ms'] is None else format(r['bwd_other_ms'], '.3f'):>8}  {modes}"
         )
     if args.json:
         atomic_write_text(Path(args.json), json.dumps(dict(copy_bandwidth=bw, atoms=n, edges=E, rows=rows), indent=1))

@@ -114,7 +114,9 @@ def whole_calls(args, base, batch, device) -> None:
     fns = {name: make(value) for name, value in settings.items()}
     phases = ["force call"] + (["training step"] if args.training else [])
     padding = "unpadded" if args.unpadded else "padded"
-    print(f"[calls] {args.model} on {args.structure}: {batch.receivers.shape[0]} edges, {device}, float32, Predictor {args.calls}, {padding}")
+    print(
+        f"[calls] {args.model} on {args.structure}: {batch.receivers.shape[0]} edges, {device}, float32, Predictor {args.calls}, {padding}"
+    )
     for phase in phases:
         for name in settings:  # compile and warm up each
             t0 = time.perf_counter()

@@ -88,12 +88,18 @@ def _compare_to_second_order(fn_ref, fn_tri, inputs, dtype):
 @needs_triton
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", CASES, ids=str)
-@pytest.mark.parametrize("conv", [False, True], ids=["dense", "conv"])
-def test_tensor_product_parity(case, conv, device, dispatch):
+@pytest.mark.parametrize("conv", [False, "conv", "conv, two-kernel backward"], ids=["dense", "conv", "conv-two-kernel-bwd"])
+def test_tensor_product_parity(case, conv, device, dispatch, monkeypatch):
+    """Convolutions run their backward both ways: one pass per sender (``tp_bwd_csr``, default)
+    and the two kernels (``tp_bwd_edge`` then ``tp_bwd_x1_csr``)."""
     dtype = torch.float64
     l1, l2, lo, f1, f2, sym, shared, red = case
     if sym and conv:
         pytest.skip("symmetric products are dense")
+    if conv == "conv, two-kernel backward":
+        import flashcart.cartesian._triton.ops as ops
+
+        monkeypatch.setattr(ops, "FUSED_CSR_BACKWARD", False)
     ref, tri = _pair(TensorProduct, l1, l2, lo, f1, f2, symmetric=sym, shared_weights=shared, reduce_paths=red)
     n_nodes, n_edges = 4, 7
     rows = n_edges if conv else n_nodes
@@ -111,6 +117,39 @@ def test_tensor_product_parity(case, conv, device, dispatch):
         inputs = [x1, x2, w]
         make = lambda m: m  # noqa: E731
     _compare_to_second_order(make(ref), make(tri), inputs, dtype)
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("F", [20, 64, 300], ids=["F20", "F64", "F300-channel-blocks"])
+def test_csr_backward_one_pass_equals_two_kernels(F, device, monkeypatch):
+    """``tp_bwd_csr`` against ``tp_bwd_edge`` + ``tp_bwd_x1_csr`` at the published models' channel
+    counts (input 2's channel sum in-kernel, one program per sender) and beyond 256 channels
+    (channel blocks, the sum by the caller); every subset of gradients with input 1's."""
+    import flashcart.cartesian._triton.ops as ops
+    from flashcart.cartesian import edge_csr
+    from flashcart.cartesian._triton.source import product_key
+
+    dtype = torch.float64
+    tp = TensorProduct(2, 3, 3, F, 1, backend="triton")
+    n_nodes, n_edges = 6, 15
+    receivers, senders = _graph(n_nodes, n_edges, device)
+    csr = edge_csr(receivers, senders, n_nodes)
+    g = torch.Generator().manual_seed(3)
+    x1 = torch.randn(n_nodes, tp.in1_width, dtype=dtype, generator=g).to(device)
+    x2 = torch.randn(n_edges, tp.in2_width, dtype=dtype, generator=g).to(device)
+    w = torch.randn(n_edges, tp.weight_numel, dtype=dtype, generator=g).to(device)
+    go = torch.randn(n_nodes, tp.out_width, dtype=dtype, generator=g).to(device)
+    args = (go, x1, x2, w, receivers, senders, *csr, product_key(2, 3, 3, False, False))
+    for need in [(True, True, True), (True, True, False), (True, False, True)]:
+        results = []
+        for fused in (True, False):
+            monkeypatch.setattr(ops, "FUSED_CSR_BACKWARD", fused)
+            results.append(ops.tp_bwd(*args, *need))
+        for a, b, what in zip(*results, ("x1", "x2", "w")):
+            assert a.shape == b.shape, what
+            if a.numel():
+                assert_close(a, b, 1e-12, f"gradient of {what}, needs {need}")
 
 
 @needs_triton

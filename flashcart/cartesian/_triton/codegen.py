@@ -11,6 +11,10 @@ symmetry, path reduction) holds three kernels:
   input 1 in dense mode), only those requested (``NEED_*`` constexpr flags).
 * ``tp_bwd_x1_csr``: convolution-mode gradient of input 1, one program per sender walking
   that sender's edges (a permutation sorting edges by sender), again without atomics.
+* ``tp_bwd_csr``: the two above in one pass (convolution mode, when input 1's gradient is
+  needed with another): per sender, input 1's gradient, and for each of its edges those of
+  input 2 and the weights. Each edge's output cotangent, input 2 and weights are read once, and
+  the sender's row of input 1 once for all its edges, instead of twice and once per edge.
 
 Parameter lists come from ``signatures`` (shared with the launcher in ``ops.py``, which passes
 every argument by name). Inputs with one channel are broadcast by a zero channel stride; gradients are produced
@@ -34,7 +38,7 @@ from .._expressions import (
     product_vjp_b_table,
 )
 from .._paths import Path
-from .signatures import EXPANSION_FWD, EXPANSION_SECOND, EXPANSION_VJP, TP_BWD_EDGE, TP_BWD_X1_CSR, TP_FWD
+from .signatures import EXPANSION_FWD, EXPANSION_SECOND, EXPANSION_VJP, TP_BWD_CSR, TP_BWD_EDGE, TP_BWD_X1_CSR, TP_FWD
 
 __all__ = ["generate_product_source", "generate_expansion_source", "out_offsets"]
 
@@ -191,11 +195,12 @@ def _bwd_edge(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
     return L
 
 
-def _grad_block(paths, attr, indent, ptr, vjp, l_max, reduce_flag=None) -> list[str]:
+def _grad_block(paths, attr, indent, ptr, vjp, l_max, reduce_flag=None, load_w=True) -> list[str]:
     """Accumulate ``sum_p w_p * VJP_p`` for input ``a`` (vjp='a') or ``b`` and store all ranks.
 
     With ``reduce_flag`` set at run time the input is broadcast (one channel) and the
-    program, which then covers every channel, stores the channel sum.
+    program, which then covers every channel, stores the channel sum. ``load_w=False``: the
+    weights ``w{p}`` are loaded already.
     """
     L = []
     ranks = _ranks(paths, attr)
@@ -203,7 +208,8 @@ def _grad_block(paths, attr, indent, ptr, vjp, l_max, reduce_flag=None) -> list[
         for i in range(2 * l + 1):
             L.append(f"{indent}g{l}_{i} = tl.zeros([BLOCK_F], dtype=DT)")
     for pi, p in enumerate(paths):
-        L.append(indent + _load(f"w{pi}", "pw", f"{pi} * F", "f"))
+        if load_w:
+            L.append(indent + _load(f"w{pi}", "pw", f"{pi} * F", "f"))
         if vjp == "a":
             table, other, l_in = product_vjp_a_table(p.l1, p.l2, p.l_out), f"b{p.l2}_", p.l1
         else:
@@ -260,6 +266,49 @@ def _bwd_x1_csr(paths, offsets, n_out, in1_l_max) -> list[str]:
     return L
 
 
+def _bwd_csr(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
+    L = TP_BWD_CSR.header(_I)
+    I, II, III = _I, _I * 2, _I * 3
+    L += sender_prologue(I)
+    L += [f"{I}f1 = f * F1S", f"{I}pa = x1_ptr + j * x1_row"]
+    ranks = _ranks(paths, "l1")
+    for l in ranks:
+        for i in range(2 * l + 1):
+            L.append(f"{I}h{l}_{i} = tl.zeros([BLOCK_F], dtype=DT)")
+    L += [
+        f"{I}for k in range(start, end):",
+        f"{II}e = tl.load(perm_ptr + tl.cast(k, tl.int64))",
+        f"{II}gi = tl.load(recv_ptr + e)",
+        f"{II}pg = go_ptr + gi * go_row",
+        f"{II}pb = x2_ptr + e * x2_row",
+        f"{II}pw = w_ptr + e * w_row",
+    ]
+    L += [II + _load(f"go{k}", "pg", f"{k} * F", "f") for k in range(n_out)]
+    _alias_go(L, paths, offsets, II)
+    _load_inputs(L, paths, II, need_a=False)
+    L += [II + _load(f"w{pi}", "pw", f"{pi} * F", "f") for pi in range(len(paths))]
+    for pi, p in enumerate(paths):  # input 1: accumulated over the sender's edges
+        L += [II + s for s in bilinear_lines(product_vjp_a_table(p.l1, p.l2, p.l_out), f"gop{pi}_", f"b{p.l2}_", f"u{pi}_", _lit)]
+        for i in range(2 * p.l1 + 1):
+            L.append(f"{II}h{p.l1}_{i} += w{pi} * u{pi}_{i}")
+    # the sender's row of input 1, read per edge (cached) rather than held in registers across the loop
+    _load_inputs(L, paths, II, need_b=False)
+    L.append(f"{II}if NEED_G2:")
+    L += _grad_block(paths, "l2", III, "g2_ptr + e * g2_row", "b", in2_l_max, reduce_flag="REDUCE_G2", load_w=False)
+    L.append(f"{II}if NEED_GW:")
+    L.append(f"{III}pgw = gw_ptr + e * gw_row")
+    for pi, p in enumerate(paths):
+        L += [III + s for s in bilinear_lines(product_table(p.l1, p.l2, p.l_out), f"a{p.l1}_", f"b{p.l2}_", f"t{pi}_", _lit)]
+        s = " + ".join(f"gop{pi}_{c} * t{pi}_{c}" for c in range(2 * p.l_out + 1))
+        L.append(f"{III}tl.store(pgw + {pi} * F + f, {s}, mask=fm)")
+    L.append(f"{I}pgo = g1_ptr + j * g1_row")
+    for l in range(in1_l_max + 1):
+        for i in range(2 * l + 1):
+            value = f"h{l}_{i}" if l in ranks else "tl.zeros([BLOCK_F], dtype=DT)"
+            L.append(f"{I}tl.store(pgo + {l * l + i} * F + f, {value}, mask=fm)")
+    return L
+
+
 def generate_product_source(paths: list[Path], in1_l_max: int, in2_l_max: int, out_l_max: int, reduce: bool) -> str:
     """Source of the Triton module for one tensor-product configuration."""
     offsets, n_out = out_offsets(paths, out_l_max, reduce)
@@ -273,6 +322,7 @@ def generate_product_source(paths: list[Path], in1_l_max: int, in2_l_max: int, o
     lines += _fwd(paths, offsets, n_out) + [""]
     lines += _bwd_edge(paths, offsets, n_out, in1_l_max, in2_l_max) + [""]
     lines += _bwd_x1_csr(paths, offsets, n_out, in1_l_max) + [""]
+    lines += _bwd_csr(paths, offsets, n_out, in1_l_max, in2_l_max) + [""]
     return "\n".join(lines) + "\n"
 
 

@@ -25,7 +25,7 @@ _INDEX = {"rowptr_ptr", "send_ptr", "recv_ptr", "perm_ptr", "srowptr_ptr"}
 
 
 def _variants(dbwd_only: bool):
-    from .signatures import TP_BWD_EDGE, TP_BWD_X1_CSR, TP_DBWD_ROW, TP_DBWD_X1_CSR, TP_FWD
+    from .signatures import TP_BWD_CSR, TP_BWD_EDGE, TP_BWD_X1_CSR, TP_DBWD_ROW, TP_DBWD_X1_CSR, TP_FWD
 
     every = dict(
         HAS_GG1=True, HAS_GG2=True, HAS_GGW=True, NEED_GO=True, NEED_X2=True, NEED_W=True, RED_X2=True, SHARED_W=False, ROW_GROUPS=False
@@ -36,6 +36,7 @@ def _variants(dbwd_only: bool):
             ("product", TP_FWD, "tp_fwd conv", dict(CONV=True)),
             ("product", TP_BWD_EDGE, "tp_bwd_edge conv g2+gw", dict(CONV=True, NEED_G1=False, NEED_G2=True, NEED_GW=True, REDUCE_G2=True)),
             ("product", TP_BWD_X1_CSR, "tp_bwd_x1_csr", {}),
+            ("product", TP_BWD_CSR, "tp_bwd_csr g1+g2+gw", dict(NEED_G2=True, NEED_GW=True, REDUCE_G2=True)),
         ]
     out += [
         ("dbwd", TP_DBWD_ROW, "tp_dbwd_row conv all", dict(CONV=True, NEED_X1=False, RED_X1=False, **every)),

@@ -19,6 +19,7 @@ Ops (namespace ``flashcart``):
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple, Optional
 
 import torch
@@ -37,7 +38,7 @@ from .common import tp_shapes as _tp_shapes
 from .double_backward import env_mode, fused_outputs
 from .double_backward import tp_dbwd as _tp_dbwd_op
 from .linear_kernel import default_tiles, grouped_matmul, linear_tiles
-from .signatures import EXPANSION_FWD, EXPANSION_SECOND, EXPANSION_VJP, TP_BWD_EDGE, TP_BWD_X1_CSR, TP_FWD, launch_kernel
+from .signatures import EXPANSION_FWD, EXPANSION_SECOND, EXPANSION_VJP, TP_BWD_CSR, TP_BWD_EDGE, TP_BWD_X1_CSR, TP_FWD, launch_kernel
 from .source import expansion_module, product_key, product_module
 
 __all__ = ["tensor_product", "direction_expansion", "equivariant_linear", "edge_csr", "FUSED_DOUBLE_BACKWARD"]
@@ -47,6 +48,20 @@ __all__ = ["tensor_product", "direction_expansion", "equivariant_linear", "edge_
 # or the composition of tp_fwd/tp_bwd launches (FLASHCART_FUSED_DOUBLE_BACKWARD=0). Read at
 # import; benchmarks flip the module attribute to compare the two in one process.
 FUSED_DOUBLE_BACKWARD = env_mode()[0]
+
+
+def _csr_backward_mode() -> bool:
+    """``FLASHCART_FUSED_CSR_BACKWARD``: ``1`` (default) runs the convolution backward that needs
+    input 1's gradient and another as one pass per sender (``tp_bwd_csr``); ``0`` as two
+    kernels (``tp_bwd_edge`` per edge, then ``tp_bwd_x1_csr`` per sender)."""
+    raw = os.environ.get("FLASHCART_FUSED_CSR_BACKWARD", "1").strip() or "1"
+    if raw not in ("0", "1"):
+        raise ValueError(f"environment variable FLASHCART_FUSED_CSR_BACKWARD must be 0 or 1, got {raw!r}")
+    return raw == "1"
+
+
+# Read at import; benchmarks flip the module attribute to compare the two in one process.
+FUSED_CSR_BACKWARD = _csr_backward_mode()
 
 # ---------------------------------------------------------------------------------------
 # tensor product
@@ -142,7 +157,11 @@ def tp_bwd(
     block, warps = _block_f(F)
     mod = product_module(key)
     w_row = 0 if shared else w.shape[1]
-    if not guard_or_false(rows == 0) and F and (need_x2 or need_w or (need_x1 and not conv)):
+    # convolution with input 1's gradient and another: one pass per sender (tp_bwd_csr)
+    fused = conv and need_x1 and (need_x2 or need_w) and FUSED_CSR_BACKWARD and not shared and F > 0
+    if fused:
+        _bwd_csr(mod, go, x1, x2, w, g1, g2, gw, receivers, perm, srowptr, f1, f2, F, need_x2, need_w, reduce_g2)
+    elif not guard_or_false(rows == 0) and F and (need_x2 or need_w or (need_x1 and not conv)):
         unused = go  # any tensor: pointer arguments the kernel does not read (their NEED_*/CONV flag is off)
         eblock = _next_pow2(F) if reduce_g2 else block
         TP_BWD_EDGE.launch(
@@ -178,7 +197,7 @@ def tp_bwd(
             BLOCK_F=eblock,
             DT=_DT[dt],
         )
-    if need_x1 and conv and not guard_or_false(x1.shape[0] == 0) and F:
+    if need_x1 and conv and not fused and not guard_or_false(x1.shape[0] == 0) and F:
         TP_BWD_X1_CSR.launch(
             mod,
             (x1.shape[0], _cdiv(F, block)),
@@ -200,7 +219,7 @@ def tp_bwd(
             BLOCK_F=block,
             DT=_DT[dt],
         )
-    elif need_x1 and conv:
+    elif need_x1 and conv and not fused:
         g1.zero_()
     if need_x1:
         g1 = _reduce_channels(g1, spec.in1_comps, f1)
@@ -209,6 +228,47 @@ def tp_bwd(
     if need_w and shared:
         gw = gw.sum(0)
     return g1, g2, gw
+
+
+def _bwd_csr(mod, go, x1, x2, w, g1, g2, gw, receivers, perm, srowptr, f1, f2, F, need_x2, need_w, reduce_g2) -> None:
+    """Launch ``tp_bwd_csr``: one program per sender (and channel block; a single block covering
+    every channel when input 2's gradient is summed over channels in-kernel)."""
+    if guard_or_false(x1.shape[0] == 0):
+        return
+    block = _next_pow2(F) if reduce_g2 else _block_f(F)[0]
+    unused = go  # pointer arguments the kernel does not read (their NEED_* flag is off)
+    TP_BWD_CSR.launch(
+        mod,
+        (x1.shape[0], _cdiv(F, block)),
+        num_warps=max(1, block // 32),
+        go_ptr=go,
+        x1_ptr=x1,
+        x2_ptr=x2,
+        w_ptr=w,
+        g1_ptr=g1,
+        g2_ptr=g2 if need_x2 else unused,
+        gw_ptr=gw if need_w else unused,
+        srowptr_ptr=srowptr,
+        perm_ptr=perm,
+        recv_ptr=receivers,
+        go_row=go.shape[1],
+        x1_row=x1.shape[1],
+        x2_row=x2.shape[1],
+        w_row=w.shape[1],
+        g1_row=g1.shape[1],
+        g2_row=g2.shape[-1] if need_x2 else 0,
+        gw_row=gw.shape[-1] if need_w else 0,
+        F1S=int(f1 != 1),
+        F2S=int(f2 != 1),
+        F1C=f1,
+        F2C=f2,
+        F=F,
+        NEED_G2=need_x2,
+        NEED_GW=need_w,
+        REDUCE_G2=reduce_g2,
+        BLOCK_F=block,
+        DT=_DT[x2.dtype],
+    )
 
 
 @tp_bwd.register_fake

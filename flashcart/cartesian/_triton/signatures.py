@@ -22,6 +22,7 @@ __all__ = [
     "TP_FWD",
     "TP_BWD_EDGE",
     "TP_BWD_X1_CSR",
+    "TP_BWD_CSR",
     "TP_DBWD_ROW",
     "TP_DBWD_X1_CSR",
     "EXPANSION_FWD",
@@ -157,6 +158,37 @@ TP_BWD_X1_CSR = KernelSignature(
         "F",
     ),
     constexprs=("BLOCK_F", "DT"),
+)
+# The convolution backward in one pass per sender: the gradient of input 1 (as tp_bwd_x1_csr) and,
+# for each of the sender's edges, those of input 2 and the weights (as tp_bwd_edge), every edge
+# operand read once.
+TP_BWD_CSR = KernelSignature(
+    "tp_bwd_csr",
+    args=(
+        "go_ptr",
+        "x1_ptr",
+        "x2_ptr",
+        "w_ptr",
+        "g1_ptr",
+        "g2_ptr",
+        "gw_ptr",
+        "srowptr_ptr",
+        "perm_ptr",
+        "recv_ptr",
+        "go_row",
+        "x1_row",
+        "x2_row",
+        "w_row",
+        "g1_row",
+        "g2_row",
+        "gw_row",
+        "F1S",
+        "F2S",
+        "F1C",
+        "F2C",
+        "F",
+    ),
+    constexprs=("NEED_G2", "NEED_GW", "REDUCE_G2", "BLOCK_F", "DT"),
 )
 
 # Fused double backward (codegen_double.generate_double_backward_source, its own module per
