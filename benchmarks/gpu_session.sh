@@ -87,6 +87,8 @@
 #   csrbwd   one GPU: the convolution backward in one pass per sender (tp_bwd_csr): GPU parity against the two kernels
 #            and the PyTorch backend (float64), kernels.py's backward both ways (F 20, 64; output rank 3), then
 #            i2c3f20l2r's eager kernel profile (force call and training step) with FLASHCART_FUSED_CSR_BACKWARD 1 and 0
+#   csrcheck one GPU: tests/model's GPU tests (Triton model against the PyTorch backend, training gradients, compiled
+#            == eager) and the convolution parity tests, with the one-pass backward (about 4 minutes)
 #   pairstrain one GPU: the same for the reduce-overhead training step (two compiles, about 9 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -525,6 +527,9 @@ csrbwd)
     FLASHCART_FUSED_CSR_BACKWARD=$v timeout 110 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --repeat 5 --rows 14
   done > "$out/profile_eager.log" 2>&1
   ;;
+csrcheck)
+  gpu_tests 0 "tests/model/test_gpu_model.py:130" "tests/cartesian/test_triton_parity.py -k conv:80" > "$out/tests_csr.log" 2>&1
+  ;;
 pairstrain)
   timeout 560 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond --calls reduce-overhead \
     --training --rounds 7 --calls-per-round 20 > "$out/pair_calls_training.log" 2>&1
@@ -533,7 +538,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, pairstrain or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, pairstrain or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

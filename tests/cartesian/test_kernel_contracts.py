@@ -8,7 +8,7 @@ from flashcart.cartesian import _linear_spec as spec
 from flashcart.cartesian._triton import codegen, ops, signatures
 from flashcart.cartesian._triton.source import product_spec
 
-PRODUCT_SIGNATURES = (signatures.TP_FWD, signatures.TP_BWD_EDGE, signatures.TP_BWD_X1_CSR)
+PRODUCT_SIGNATURES = (signatures.TP_FWD, signatures.TP_BWD_EDGE, signatures.TP_BWD_X1_CSR, signatures.TP_BWD_CSR)
 EXPANSION_SIGNATURES = (signatures.EXPANSION_FWD, signatures.EXPANSION_VJP, signatures.EXPANSION_SECOND)
 
 

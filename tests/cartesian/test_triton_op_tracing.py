@@ -45,7 +45,7 @@ def test_without_the_interpreter():
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     # every test below ran there (only this one skipped itself)
-    assert proc.stdout.splitlines()[-1].startswith("8 passed, 1 skipped"), proc.stdout[-500:]
+    assert proc.stdout.splitlines()[-1].startswith("10 passed, 1 skipped"), proc.stdout[-500:]
 
 
 class _Call(torch.nn.Module):
@@ -77,6 +77,7 @@ WRITES = {
     "tp_fwd": {"out_ptr"},
     "tp_bwd_edge": {"g1_ptr", "g2_ptr", "gw_ptr"},
     "tp_bwd_x1_csr": {"g1_ptr"},
+    "tp_bwd_csr": {"g1_ptr", "g2_ptr", "gw_ptr"},
     "tp_dbwd_row": {"dgo_ptr", "dx1_ptr", "dx2_ptr", "dw_ptr"},
     "tp_dbwd_x1_csr": {"dx1_ptr"},
     "expansion_fwd": {"out_ptr"},
@@ -131,7 +132,9 @@ def _sm90_target():
 
 @uninterpreted
 @pytest.mark.parametrize("conv", [True, False])
-def test_tensor_product_and_its_backward_lower_to_kernels(conv):
+@pytest.mark.parametrize("one_pass", [True, False], ids=["one-pass-bwd", "two-kernel-bwd"])
+def test_tensor_product_and_its_backward_lower_to_kernels(conv, one_pass, monkeypatch):
+    monkeypatch.setattr(ops, "FUSED_CSR_BACKWARD", one_pass)
     key = product_key(2, 3, 2, False, False)
     spec, F, n, e = product_spec(key), 4, 7, 20
     torch.manual_seed(0)
@@ -148,8 +151,9 @@ def test_tensor_product_and_its_backward_lower_to_kernels(conv):
         out = ops.tp_fwd.op(x1, x2, w, *g, key)
         return (out, *ops.tp_bwd.op(go, x1, x2, w, *g, key, True, True, True))
 
-    # conv: forward, per-edge backward, sender-grouped backward; dense: the first two
-    _assert_lowered(_trace(fn, x1, x2, w, go, *graph_tensors), 3 if conv else 2)
+    # conv: forward, then the backward in one pass per sender (tp_bwd_csr) or as per-edge and
+    # sender-grouped kernels; dense: forward, per-row backward
+    _assert_lowered(_trace(fn, x1, x2, w, go, *graph_tensors), 3 if conv and not one_pass else 2)
 
 
 @uninterpreted
