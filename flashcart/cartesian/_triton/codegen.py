@@ -233,14 +233,15 @@ def _grad_block(paths, attr, indent, ptr, vjp, l_max, reduce_flag=None, load_w=T
     return L
 
 
-def _bwd_x1_csr(paths, offsets, n_out, in1_l_max) -> list[str]:
-    L = TP_BWD_X1_CSR.header(_I)
+def _sender_walk(L, paths, offsets, n_out, acc: str, hoist_w: bool) -> None:
+    """Zeroed node-gradient accumulators ``{acc}{l}_{i}``, then the loop over a sender's edges
+    (``perm``) with each edge's output cotangent ``go*``, input 2 ``b*`` and weights ``w*`` loaded
+    (all weights first with ``hoist_w``, else each before its path), accumulating input 1's
+    gradient (the loop body continues at two indents)."""
     I, II = _I, _I * 2
-    L += sender_prologue(I)
-    ranks = _ranks(paths, "l1")
-    for l in ranks:
+    for l in _ranks(paths, "l1"):
         for i in range(2 * l + 1):
-            L.append(f"{I}g{l}_{i} = tl.zeros([BLOCK_F], dtype=DT)")
+            L.append(f"{I}{acc}{l}_{i} = tl.zeros([BLOCK_F], dtype=DT)")
     L += [
         f"{I}for k in range(start, end):",
         f"{II}e = tl.load(perm_ptr + tl.cast(k, tl.int64))",
@@ -252,45 +253,39 @@ def _bwd_x1_csr(paths, offsets, n_out, in1_l_max) -> list[str]:
     L += [II + _load(f"go{k}", "pg", f"{k} * F", "f") for k in range(n_out)]
     _alias_go(L, paths, offsets, II)
     _load_inputs(L, paths, II, need_a=False)
-    for pi, p in enumerate(paths):
-        L.append(II + _load(f"w{pi}", "pw", f"{pi} * F", "f"))
+    if hoist_w:
+        L += [II + _load(f"w{pi}", "pw", f"{pi} * F", "f") for pi in range(len(paths))]
+    for pi, p in enumerate(paths):  # input 1's gradient, accumulated over the sender's edges
+        if not hoist_w:
+            L.append(II + _load(f"w{pi}", "pw", f"{pi} * F", "f"))
         table = product_vjp_a_table(p.l1, p.l2, p.l_out)
         L += [II + s for s in bilinear_lines(table, f"gop{pi}_", f"b{p.l2}_", f"v{pi}_", _lit)]
         for i in range(2 * p.l1 + 1):
-            L.append(f"{II}g{p.l1}_{i} += w{pi} * v{pi}_{i}")
-    L.append(f"{I}pgo = g1_ptr + j * g1_row")
+            L.append(f"{II}{acc}{p.l1}_{i} += w{pi} * v{pi}_{i}")
+
+
+def _store_sender_grad(L, paths, in1_l_max, acc: str) -> None:
+    """Store the sender's accumulated input-1 gradient (zeros for ranks no path reaches)."""
+    ranks = _ranks(paths, "l1")
+    L.append(f"{_I}pgo = g1_ptr + j * g1_row")
     for l in range(in1_l_max + 1):
         for i in range(2 * l + 1):
-            value = f"g{l}_{i}" if l in ranks else "tl.zeros([BLOCK_F], dtype=DT)"
-            L.append(f"{I}tl.store(pgo + {l * l + i} * F + f, {value}, mask=fm)")
+            value = f"{acc}{l}_{i}" if l in ranks else "tl.zeros([BLOCK_F], dtype=DT)"
+            L.append(f"{_I}tl.store(pgo + {l * l + i} * F + f, {value}, mask=fm)")
+
+
+def _bwd_x1_csr(paths, offsets, n_out, in1_l_max) -> list[str]:
+    L = TP_BWD_X1_CSR.header(_I) + sender_prologue(_I)
+    _sender_walk(L, paths, offsets, n_out, "g", hoist_w=False)
+    _store_sender_grad(L, paths, in1_l_max, "g")
     return L
 
 
 def _bwd_csr(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
-    L = TP_BWD_CSR.header(_I)
-    I, II, III = _I, _I * 2, _I * 3
-    L += sender_prologue(I)
-    L += [f"{I}f1 = f * F1S", f"{I}pa = x1_ptr + j * x1_row"]
-    ranks = _ranks(paths, "l1")
-    for l in ranks:
-        for i in range(2 * l + 1):
-            L.append(f"{I}h{l}_{i} = tl.zeros([BLOCK_F], dtype=DT)")
-    L += [
-        f"{I}for k in range(start, end):",
-        f"{II}e = tl.load(perm_ptr + tl.cast(k, tl.int64))",
-        f"{II}gi = tl.load(recv_ptr + e)",
-        f"{II}pg = go_ptr + gi * go_row",
-        f"{II}pb = x2_ptr + e * x2_row",
-        f"{II}pw = w_ptr + e * w_row",
-    ]
-    L += [II + _load(f"go{k}", "pg", f"{k} * F", "f") for k in range(n_out)]
-    _alias_go(L, paths, offsets, II)
-    _load_inputs(L, paths, II, need_a=False)
-    L += [II + _load(f"w{pi}", "pw", f"{pi} * F", "f") for pi in range(len(paths))]
-    for pi, p in enumerate(paths):  # input 1: accumulated over the sender's edges
-        L += [II + s for s in bilinear_lines(product_vjp_a_table(p.l1, p.l2, p.l_out), f"gop{pi}_", f"b{p.l2}_", f"u{pi}_", _lit)]
-        for i in range(2 * p.l1 + 1):
-            L.append(f"{II}h{p.l1}_{i} += w{pi} * u{pi}_{i}")
+    L = TP_BWD_CSR.header(_I) + sender_prologue(_I)
+    II, III = _I * 2, _I * 3
+    L += [f"{_I}f1 = f * F1S", f"{_I}pa = x1_ptr + j * x1_row"]
+    _sender_walk(L, paths, offsets, n_out, "h", hoist_w=True)
     # the sender's row of input 1, read per edge (cached) rather than held in registers across the loop
     _load_inputs(L, paths, II, need_b=False)
     L.append(f"{II}if NEED_G2:")
@@ -301,11 +296,7 @@ def _bwd_csr(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
         L += [III + s for s in bilinear_lines(product_table(p.l1, p.l2, p.l_out), f"a{p.l1}_", f"b{p.l2}_", f"t{pi}_", _lit)]
         s = " + ".join(f"gop{pi}_{c} * t{pi}_{c}" for c in range(2 * p.l_out + 1))
         L.append(f"{III}tl.store(pgw + {pi} * F + f, {s}, mask=fm)")
-    L.append(f"{I}pgo = g1_ptr + j * g1_row")
-    for l in range(in1_l_max + 1):
-        for i in range(2 * l + 1):
-            value = f"h{l}_{i}" if l in ranks else "tl.zeros([BLOCK_F], dtype=DT)"
-            L.append(f"{I}tl.store(pgo + {l * l + i} * F + f, {value}, mask=fm)")
+    _store_sender_grad(L, paths, in1_l_max, "h")
     return L
 
 
