@@ -184,15 +184,22 @@ def _bwd_edge(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
     # gradient of input 1 (dense mode only)
     L.append(f"{I}if NEED_G1:")
     L += _grad_block(paths, "l1", II, "g1_ptr + r * g1_row", "a", in1_l_max)
-    L.append(f"{I}if NEED_G2:")
-    L += _grad_block(paths, "l2", II, "g2_ptr + r * g2_row", "b", in2_l_max, reduce_flag="REDUCE_G2")
-    L.append(f"{I}if NEED_GW:")
-    L.append(f"{II}pgw = gw_ptr + r * gw_row")
-    for pi, p in enumerate(paths):
-        L += [II + s for s in bilinear_lines(product_table(p.l1, p.l2, p.l_out), f"a{p.l1}_", f"b{p.l2}_", f"t{pi}_", _lit)]
-        s = " + ".join(f"gop{pi}_{c} * t{pi}_{c}" for c in range(2 * p.l_out + 1))
-        L.append(f"{II}tl.store(pgw + {pi} * F + f, {s}, mask=fm)")
+    _edge_grads(L, paths, I, "r", in2_l_max, load_w=True)
     return L
+
+
+def _edge_grads(L, paths, indent, row: str, in2_l_max, load_w: bool) -> None:
+    """The ``NEED_G2`` and ``NEED_GW`` blocks: input 2's and the weights' gradients of edge/row
+    ``row`` from ``a*``, ``b*`` and ``gop*`` (and ``w*``, loaded here with ``load_w``)."""
+    inner = indent + _I
+    L.append(f"{indent}if NEED_G2:")
+    L += _grad_block(paths, "l2", inner, f"g2_ptr + {row} * g2_row", "b", in2_l_max, reduce_flag="REDUCE_G2", load_w=load_w)
+    L.append(f"{indent}if NEED_GW:")
+    L.append(f"{inner}pgw = gw_ptr + {row} * gw_row")
+    for pi, p in enumerate(paths):
+        L += [inner + s for s in bilinear_lines(product_table(p.l1, p.l2, p.l_out), f"a{p.l1}_", f"b{p.l2}_", f"t{pi}_", _lit)]
+        s = " + ".join(f"gop{pi}_{c} * t{pi}_{c}" for c in range(2 * p.l_out + 1))
+        L.append(f"{inner}tl.store(pgw + {pi} * F + f, {s}, mask=fm)")
 
 
 def _grad_block(paths, attr, indent, ptr, vjp, l_max, reduce_flag=None, load_w=True) -> list[str]:
@@ -283,19 +290,12 @@ def _bwd_x1_csr(paths, offsets, n_out, in1_l_max) -> list[str]:
 
 def _bwd_csr(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
     L = TP_BWD_CSR.header(_I) + sender_prologue(_I)
-    II, III = _I * 2, _I * 3
+    II = _I * 2
     L += [f"{_I}f1 = f * F1S", f"{_I}pa = x1_ptr + j * x1_row"]
     _sender_walk(L, paths, offsets, n_out, "h", hoist_w=True)
     # the sender's row of input 1, read per edge (cached) rather than held in registers across the loop
     _load_inputs(L, paths, II, need_b=False)
-    L.append(f"{II}if NEED_G2:")
-    L += _grad_block(paths, "l2", III, "g2_ptr + e * g2_row", "b", in2_l_max, reduce_flag="REDUCE_G2", load_w=False)
-    L.append(f"{II}if NEED_GW:")
-    L.append(f"{III}pgw = gw_ptr + e * gw_row")
-    for pi, p in enumerate(paths):
-        L += [III + s for s in bilinear_lines(product_table(p.l1, p.l2, p.l_out), f"a{p.l1}_", f"b{p.l2}_", f"t{pi}_", _lit)]
-        s = " + ".join(f"gop{pi}_{c} * t{pi}_{c}" for c in range(2 * p.l_out + 1))
-        L.append(f"{III}tl.store(pgw + {pi} * F + f, {s}, mask=fm)")
+    _edge_grads(L, paths, II, "e", in2_l_max, load_w=False)
     _store_sender_grad(L, paths, in1_l_max, "h")
     return L
 
