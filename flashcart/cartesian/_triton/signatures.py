@@ -112,31 +112,13 @@ TP_FWD = KernelSignature(
     ),
     constexprs=("CONV", "BLOCK_F", "DT"),
 )
+# The backward's tensors and their row strides, then the channel arguments (tp_bwd_edge, tp_bwd_csr).
+_BWD_TENSORS = ("go_ptr", "x1_ptr", "x2_ptr", "w_ptr", "g1_ptr", "g2_ptr", "gw_ptr")
+_BWD_ROWS = ("go_row", "x1_row", "x2_row", "w_row", "g1_row", "g2_row", "gw_row")
+_CHANNELS = ("F1S", "F2S", "F1C", "F2C", "F")
 TP_BWD_EDGE = KernelSignature(
     "tp_bwd_edge",
-    args=(
-        "go_ptr",
-        "x1_ptr",
-        "x2_ptr",
-        "w_ptr",
-        "g1_ptr",
-        "g2_ptr",
-        "gw_ptr",
-        "recv_ptr",
-        "send_ptr",
-        "go_row",
-        "x1_row",
-        "x2_row",
-        "w_row",
-        "g1_row",
-        "g2_row",
-        "gw_row",
-        "F1S",
-        "F2S",
-        "F1C",
-        "F2C",
-        "F",
-    ),
+    args=(*_BWD_TENSORS, "recv_ptr", "send_ptr", *_BWD_ROWS, *_CHANNELS),
     constexprs=("CONV", "NEED_G1", "NEED_G2", "NEED_GW", "REDUCE_G2", "BLOCK_F", "DT"),
 )
 TP_BWD_X1_CSR = KernelSignature(
@@ -164,30 +146,7 @@ TP_BWD_X1_CSR = KernelSignature(
 # operand read once.
 TP_BWD_CSR = KernelSignature(
     "tp_bwd_csr",
-    args=(
-        "go_ptr",
-        "x1_ptr",
-        "x2_ptr",
-        "w_ptr",
-        "g1_ptr",
-        "g2_ptr",
-        "gw_ptr",
-        "srowptr_ptr",
-        "perm_ptr",
-        "recv_ptr",
-        "go_row",
-        "x1_row",
-        "x2_row",
-        "w_row",
-        "g1_row",
-        "g2_row",
-        "gw_row",
-        "F1S",
-        "F2S",
-        "F1C",
-        "F2C",
-        "F",
-    ),
+    args=(*_BWD_TENSORS, "srowptr_ptr", "perm_ptr", "recv_ptr", *_BWD_ROWS, *_CHANNELS),
     constexprs=("NEED_G2", "NEED_GW", "REDUCE_G2", "BLOCK_F", "DT"),
 )
 
