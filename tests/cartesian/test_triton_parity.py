@@ -269,6 +269,17 @@ def test_linear_kernel_compiles_for_sm90_without_spills():
         assert len(lines) == len(tiles) and all("STACK:0 " in line + " " and "LOCAL:0" in line for line in lines), run.stdout
 
 
+def test_csr_backward_setting_is_checked(monkeypatch):
+    from flashcart.cartesian._triton.ops import _csr_backward_mode
+
+    for raw, expected in (("1", True), ("0", False), ("", True)):
+        monkeypatch.setenv("FLASHCART_FUSED_CSR_BACKWARD", raw)
+        assert _csr_backward_mode() is expected
+    monkeypatch.setenv("FLASHCART_FUSED_CSR_BACKWARD", "yes")
+    with pytest.raises(ValueError, match="FLASHCART_FUSED_CSR_BACKWARD must be 0 or 1, got 'yes'"):
+        _csr_backward_mode()
+
+
 def test_linear_tiles_setting_is_checked():
     from flashcart.cartesian._triton.linear_kernel import LinearTiles, default_tiles, linear_tiles
 
