@@ -89,6 +89,9 @@
 #            i2c3f20l2r's eager kernel profile (force call and training step) with FLASHCART_FUSED_CSR_BACKWARD 1 and 0
 #   csrcheck one GPU: tests/model's GPU tests (Triton model against the PyTorch backend, training gradients, compiled
 #            == eager) and the convolution parity tests, with the one-pass backward (about 4 minutes)
+#   afterbwd one GPU, the next session's first call: the profiler (reduce-overhead force call and training step, eager
+#            force call) after the one-pass backward, the plain 32x32x16 linear tile against the default and 3xTF32,
+#            the compiled training step's kernel profile (about 10 minutes)
 #   pairstrain one GPU: the same for the reduce-overhead training step (two compiles, about 9 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -530,6 +533,18 @@ csrbwd)
 csrcheck)
   gpu_tests 0 "tests/model/test_gpu_model.py:130" "tests/cartesian/test_triton_parity.py -k conv:80" > "$out/tests_csr.log" 2>&1
   ;;
+afterbwd)
+  # the next session's first call: the profiler's numbers for README's table after the one-pass
+  # backward (i2c3f20l2r: reduce-overhead force call and training step, eager force call), the
+  # plain 32x32x16 tile against the default and 3xTF32 (is the linear maps' gain the tile or the
+  # precision?), then the compiled training step's kernel profile
+  (profile_run S reduce-overhead both 200; profile_run S eager inference 60) > "$out/profiler.log" 2>&1
+  for m in i2c3f20l2r i3c3f64l2; do
+    timeout 80 python3 benchmarks/linear_tiles.py --model $m --tiles default 32x32x16x4x2 32x32x16x4x2:tf32x3
+  done > "$out/linear_tiles.log" 2>&1
+  timeout 240 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases training --compile-mode default \
+    --repeat 5 --rows 20 > "$out/profile_training.log" 2>&1
+  ;;
 pairstrain)
   timeout 560 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond --calls reduce-overhead \
     --training --rounds 7 --calls-per-round 20 > "$out/pair_calls_training.log" 2>&1
@@ -538,7 +553,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, pairstrain or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, pairstrain or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done
