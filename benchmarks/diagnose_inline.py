@@ -94,7 +94,7 @@ def run_case(name: str) -> None:
         if name == "expansion":
             return ops.expansion_fwd.op(a[0], 3) * 2
         if name == "tp_fwd_dense":
-            return ops.tp_fwd.op(*a, None, None, None, None, None, key) * 2
+            return ops.tp_fwd.op(*a, None, None, None, None, None, None, None, key) * 2
         if name == "lin_fwd":
             return ops.lin_fwd.op(a[0], a[1], table, lin.key) * 2
         if name == "lin_bwd_x":
@@ -103,7 +103,7 @@ def run_case(name: str) -> None:
             return ops.lin_bwd_w.op(a[0], a[1], table, lin.key) * 2
         if name == "lin_fwd_concatenated_input":
             return ops.lin_fwd.op(torch.cat([a[0].sin(), a[1].cos()], 1), a[2], table, lin.key)
-        g, rest = a[:5], a[5:]
+        g, rest = (*a[:5], None, None), a[5:]
         if name == "tp_fwd_conv":
             return ops.tp_fwd.op(*rest, *g, key) * 2
         if name == "tp_bwd_conv":

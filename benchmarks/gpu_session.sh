@@ -92,6 +92,8 @@
 #   afterbwd one GPU, the next session's first call: the profiler (reduce-overhead force call and training step, eager
 #            force call) after the one-pass backward, the plain 32x32x16 linear tile against the default and 3xTF32,
 #            the compiled training step's kernel profile (about 10 minutes)
+#   wrows    one GPU: the products reading the pair rows through the pair index: GPU parity, the MLP table, the
+#            reduce-overhead force call per edge and per pair (about 9 minutes)
 #   pairstrain one GPU: the same for the reduce-overhead training step (two compiles, about 9 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -545,6 +547,14 @@ afterbwd)
   timeout 240 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases training --compile-mode default \
     --repeat 5 --rows 20 > "$out/profile_training.log" 2>&1
   ;;
+wrows)
+  # the products reading the radial MLP's pair rows through the pair index (WeightRows): GPU parity,
+  # the MLP table with the new "pairs + rows" column, the whole reduce-overhead force call both ways
+  gpu_tests 0 "tests/cartesian/test_weight_rows.py:80" "tests/nn/test_edge_pairs.py:150" > "$out/tests_rows.log" 2>&1
+  timeout 60 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond > "$out/radial_pairs.log" 2>&1
+  timeout 240 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond --calls reduce-overhead \
+    --rounds 9 --calls-per-round 50 > "$out/pair_calls.log" 2>&1
+  ;;
 pairstrain)
   timeout 560 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond --calls reduce-overhead \
     --training --rounds 7 --calls-per-round 20 > "$out/pair_calls_training.log" 2>&1
@@ -553,7 +563,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, pairstrain or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, pairstrain or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

@@ -11,8 +11,11 @@ input (what a force call needs), in three ways:
 * ``edges``: the MLP on every edge (today);
 * ``pairs + gather``: the MLP on one edge per pair, the weights gathered to both edges
   (``index_select``; its backward adds both edges' gradients back with ``index_add``);
-* ``pairs only``: the MLP on one edge per pair and nothing else. This is the lower bound, for
-  products that would read each edge's weights through a pair index.
+* ``pairs + rows``: the MLP on one edge per pair, read by the products through the pair index
+  (``WeightRows``): no gather; the per-edge weight gradient the products write is summed per pair
+  (``weight_rows_sum``, two rows read per pair, no atomics). What the model runs with
+  ``radial_pairs`` on;
+* ``pairs only``: the MLP on one edge per pair and nothing else. This is the lower bound.
 
 It also checks that the list is pair-complete, and times how long finding the reverse edges takes
 (a sort of integer keys, once per neighbour list). On CUDA the calls are timed as CUDA-graph
@@ -43,6 +46,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.kernel_profile import build, model_arguments  # noqa: E402
+from flashcart.cartesian._weight_rows import weight_rows_sum  # noqa: E402
 from flashcart.nn.edge_pairs import edge_pairs  # noqa: E402
 
 
@@ -181,9 +185,11 @@ def main() -> None:
     print(f"[setup] {args.model} on {args.structure}: {edges} edges, {reps.numel()} pairs, {device}, float32")
     print(f"finding the reverse edges (once per neighbour list): {find_ms:.3f} ms")
     print(f"grouping the edges into pairs (flashcart.nn.edge_pairs, once per model call): {group_ms:.3f} ms")
-    print(f"{'MLP':<22} {'edges ms':>9} {'pairs + gather ms':>18} {'pairs only ms':>14} {'max |w_pairs - w_edges|':>24}")
+    row_edges = torch.stack([reps, rev[reps]], 1)
+    head = f"{'MLP':<22} {'edges ms':>9} {'pairs + gather ms':>18} {'pairs + rows ms':>16} {'pairs only ms':>14}"
+    print(f"{head} {'max |w_pair - w_edge|':>22}")
     g = torch.Generator(device=device).manual_seed(0)
-    totals = [0.0, 0.0, 0.0]
+    totals = [0.0, 0.0, 0.0, 0.0]
     for k, block in enumerate(model.interactions):
         mlp = block.radial.requires_grad_(False)
         x_edges = radial.clone().requires_grad_(True)
@@ -200,16 +206,21 @@ def main() -> None:
             w = mlp(x_pairs).index_select(0, pair_of_edge)
             return torch.autograd.grad(w, x_pairs, gw_edges)
 
+        def pairs_rows():
+            w = mlp(x_pairs)
+            return torch.autograd.grad(w, x_pairs, weight_rows_sum(gw_edges, row_edges))
+
         def pairs_only():
             w = mlp(x_pairs)
             return torch.autograd.grad(w, x_pairs, gw_pairs)
 
         with torch.no_grad():
             diff = float((mlp(radial[reps]).index_select(0, pair_of_edge) - mlp(radial)).abs().max())
-        times = [_ms(fn, cuda) for fn in (per_edge, pairs_gathered, pairs_only)]
+        times = [_ms(fn, cuda) for fn in (per_edge, pairs_gathered, pairs_rows, pairs_only)]
         totals = [a + b for a, b in zip(totals, times)]
-        print(f"{f'interaction {k} ({n_out} out)':<22} {times[0]:>9.3f} {times[1]:>18.3f} {times[2]:>14.3f} {diff:>24.1e}")
-    print(f"{'all':<22} {totals[0]:>9.3f} {totals[1]:>18.3f} {totals[2]:>14.3f}")
+        row = f"{f'interaction {k} ({n_out} out)':<22} {times[0]:>9.3f} {times[1]:>18.3f} {times[2]:>16.3f} {times[3]:>14.3f}"
+        print(f"{row} {diff:>22.1e}")
+    print(f"{'all':<22} {totals[0]:>9.3f} {totals[1]:>18.3f} {totals[2]:>16.3f} {totals[3]:>14.3f}")
 
 
 if __name__ == "__main__":

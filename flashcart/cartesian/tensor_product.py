@@ -10,8 +10,9 @@ from ._backend import check_backend, check_rank, resolve_backend, torch_ops
 from ._components import dim
 from ._layout import edge_csr, layout_width, split_ranks
 from ._paths import Path, enumerate_paths
+from ._weight_rows import WeightRows, gather_weight_rows
 
-__all__ = ["TensorProduct", "edge_csr", "DENSE_DEVICES"]
+__all__ = ["TensorProduct", "WeightRows", "edge_csr", "DENSE_DEVICES"]
 
 # Device types on which the PyTorch backend contracts dense couplings (TensorProduct._rows_dense)
 # instead of running the generated straight-line code per path (TensorProduct._rows): an i2c3f20l2r force call has
@@ -37,7 +38,7 @@ class TensorProduct(torch.nn.Module):
         paths: the :class:`Path` list in weight order; ``n_paths``; ``n_paths_per_rank``;
         ``weight_numel`` (``n_paths * F``); ``out_features`` (``F``); ``out_width``.
 
-    ``forward(x1, x2, weights, receivers=None, senders=None)``:
+    ``forward(x1, x2, weights, receivers=None, senders=None, csr=None, weight_rows=None)``:
 
     * dense: ``x1: [n, W1]``, ``x2: [n, W2]``, ``weights: [n, n_paths*F]`` or ``[n_paths*F]``
       -> ``[n, out_width]``;
@@ -45,6 +46,9 @@ class TensorProduct(torch.nn.Module):
       ``x1: [n_nodes, W1]`` gathered at ``senders``, ``x2: [E, W2]``, ``weights: [E, n_paths*F]``
       or shared; messages summed at ``receivers`` -> ``[n_nodes, out_width]``. ``csr`` may
       carry :func:`edge_csr` of the graph, computed once and reused by every layer.
+      ``weight_rows`` (:class:`WeightRows`, convolution only, not with shared weights): edge
+      ``e`` reads row ``weight_rows.index[e]`` of ``weights [R, n_paths*F]``; each row's gradient
+      sums the edges ``weight_rows.edges[r]`` lists (see :mod:`._weight_rows`).
 
     Output layout: rank blocks ``(2L+1, n_paths_L, F)``, or ``(2L+1, F)`` with ``reduce_paths``.
     """
@@ -111,7 +115,7 @@ class TensorProduct(torch.nn.Module):
             f"reduce_paths={self.reduce_paths}, backend={self.backend!r}"
         )
 
-    def _check(self, x1, x2, weights, receivers, senders) -> bool:
+    def _check(self, x1, x2, weights, receivers, senders, weight_rows=None) -> bool:
         conv = receivers is not None or senders is not None
         if conv and (receivers is None or senders is None):
             raise ValueError("convolution mode needs both receivers and senders")
@@ -124,10 +128,27 @@ class TensorProduct(torch.nn.Module):
             raise ValueError(f"receivers and senders must be 1-D of equal length, got {tuple(receivers.shape)} and {tuple(senders.shape)}")
         if x2.shape[0] != rows:
             raise ValueError(f"x2 has {x2.shape[0]} rows, expected {rows} ({'edges' if conv else 'rows of x1'})")
+        if weight_rows is not None:
+            self._check_rows(weight_rows, weights, rows, conv)
+            return conv
         expected = (self.weight_numel,) if self.shared_weights else (rows, self.weight_numel)
         if tuple(weights.shape) != expected:
             raise ValueError(f"weights must have shape {list(expected)}, got {list(weights.shape)}")
         return conv
+
+    def _check_rows(self, weight_rows, weights, rows: int, conv: bool) -> None:
+        if not conv or self.shared_weights:
+            raise ValueError("weight_rows needs convolution mode and per-edge (not shared) weights")
+        index, edges = weight_rows
+        if weights.dim() != 2 or weights.shape[1] != self.weight_numel:
+            raise ValueError(f"weights read through weight_rows must have shape [R, {self.weight_numel}], got {list(weights.shape)}")
+        if index.shape != (rows,) or index.dtype != torch.int64:
+            raise ValueError(f"weight_rows.index must be int64 of shape [{rows}] (one row per edge), got {index.dtype} {list(index.shape)}")
+        if edges.shape != (weights.shape[0], 2) or edges.dtype != torch.int64:
+            raise ValueError(
+                f"weight_rows.edges must be int64 of shape [{weights.shape[0]}, 2] (two edges per row), "
+                f"got {edges.dtype} {list(edges.shape)}"
+            )
 
     def forward(
         self,
@@ -137,12 +158,15 @@ class TensorProduct(torch.nn.Module):
         receivers: torch.Tensor | None = None,
         senders: torch.Tensor | None = None,
         csr: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+        weight_rows: WeightRows | None = None,
     ) -> torch.Tensor:
-        conv = self._check(x1, x2, weights, receivers, senders)
+        conv = self._check(x1, x2, weights, receivers, senders, weight_rows)
         if resolve_backend(self.backend, x1) == "triton":
             from ._triton.ops import tensor_product
 
-            return tensor_product(self, x1, x2, weights, receivers, senders, csr)
+            return tensor_product(self, x1, x2, weights, receivers, senders, csr, weight_rows)
+        if weight_rows is not None:
+            weights = gather_weight_rows(weights, WeightRows(*weight_rows))
         with torch.profiler.record_function("flashcart::tensor_product[torch]"):
             return self._forward_torch(x1, x2, weights, receivers, senders, conv)
 

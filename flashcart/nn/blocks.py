@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from ..cartesian import EquivariantLinear, TensorProduct
+from ..cartesian import EquivariantLinear, TensorProduct, WeightRows
 from ..cartesian._layout import layout_width
 from .radial import MLP
 
@@ -107,8 +107,14 @@ class Interaction(torch.nn.Module):
         self.norm = RMSNorm(l_out, F, backend=backend) if layer_norm else None
 
     def forward(self, x, attrs, radial, receivers, senders, csr, node_embed=None, pairs=None):
-        weights = self.edge_weights(radial, receivers, senders, node_embed, pairs)
-        msg = self.tp(self.linear_in(x), attrs, weights, receivers, senders, csr) * self.inv_sqrt_avg_neighbors.to(x.dtype)
+        rows = None
+        if pairs is not None and not self.element_features:
+            # one MLP row per pair, read by both edges inside the product
+            weights = self.radial(radial.index_select(0, pairs.leader))
+            rows = WeightRows(pairs.pair_of_edge, pairs.row_edges)
+        else:
+            weights = self.edge_weights(radial, receivers, senders, node_embed, pairs)
+        msg = self.tp(self.linear_in(x), attrs, weights, receivers, senders, csr, rows) * self.inv_sqrt_avg_neighbors.to(x.dtype)
         out = self.linear_out(msg) + self.skip(x)
         return self.norm(out) if self.norm is not None else out
 

@@ -16,6 +16,13 @@ Only the leader of each group (its first edge in key order) feeds the MLP, and g
 the distance of that edge alone. That is exact to every order of differentiation: the two edges
 of a pair have the same distance as a function of the positions and the cell, not only the same
 value, so ``E(w(d_leader), w(d_leader))`` and ``E(w(d_1), w(d_2))`` are the same function.
+
+The tensor products read the rows through ``pair_of_edge`` and sum each row's gradient over the
+two edges ``row_edges`` lists (:class:`~flashcart.cartesian.WeightRows`: no ``[E, W]`` gather, no
+atomic scatter). The dead edges' row lists none: its value is the MLP of a zero input, which is
+zero whatever the MLP's parameters (no biases, activations with ``act(0) = 0``), and its input is
+zero wherever the edges are dead (the envelope vanishes with its derivative beyond the cutoff), so
+no derivative flows through it; leaving it out is exact.
 """
 
 from __future__ import annotations
@@ -31,11 +38,14 @@ class EdgePairs(NamedTuple):
     """``leader [P]``: the edge whose radial input each group's MLP row is computed from;
     ``pair_of_edge [E]``: each edge's group (row of the per-pair weights); ``n_groups``: 0-d
     tensor, the groups found (at most ``P`` for a pair-complete list). Rows from
-    ``n_groups`` on are unused."""
+    ``n_groups`` on are unused. ``row_edges [P, 2]``: the live edges of each group (its leader,
+    then its reverse edge), ``-1`` for none (the dead edges' group, unused rows, an edge
+    without a reverse)."""
 
     leader: torch.Tensor
     pair_of_edge: torch.Tensor
     n_groups: torch.Tensor
+    row_edges: torch.Tensor
 
 
 def pair_capacity(n_edges: int) -> int:
@@ -92,7 +102,15 @@ def edge_pairs(receivers: torch.Tensor, senders: torch.Tensor, shifts: torch.Ten
     first = torch.searchsorted(group, torch.arange(P, dtype=group.dtype, device=device)).clamp(max=n_edges - 1)
     leader = order.index_select(0, first)
     pair_of_edge = torch.empty_like(group).scatter_(0, order, group.clamp(max=P - 1))
-    return EdgePairs(leader, pair_of_edge, n_groups)
+    # each live group's two edges: its first two positions in key order, the second only if
+    # it belongs to the same group
+    rows = torch.arange(P, dtype=group.dtype, device=device)
+    live_row = (rows < n_groups) & (sorted_key.index_select(0, first) >= 0)
+    after = (first + 1).clamp(max=n_edges - 1)
+    has_second = live_row & (first + 1 < n_edges) & (group.index_select(0, after) == rows)
+    none = torch.full_like(leader, -1)
+    row_edges = torch.stack([torch.where(live_row, leader, none), torch.where(has_second, order.index_select(0, after), none)], 1)
+    return EdgePairs(leader, pair_of_edge, n_groups, row_edges)
 
 
 def pairs_fit(pairs: EdgePairs, shifts: torch.Tensor, n_nodes: int) -> bool:

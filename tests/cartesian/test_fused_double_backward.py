@@ -130,9 +130,9 @@ def test_every_need_pattern_gives_the_full_results_it_asks_for(name):
     case = CASES[name]
     tp, graph, (x1, x2, w), rand = _problem(case)
     key = product_key(*case[:3], False, case[6])
-    csr = (None,) * 5
+    csr = (None,) * 7
     if graph is not None:
-        csr = (*graph, *edge_csr(*graph, x1.shape[0]))
+        csr = (*graph, *edge_csr(*graph, x1.shape[0]), None, None)
     go = rand(*tp(x1, x2, w, *(graph or ())).shape)
     gg = (rand(*x1.shape), rand(*x2.shape), rand(*w.shape))
     full = ops.tp_dbwd(go, x1, x2, w, *gg, *csr, key, True, True, True, True)
@@ -212,7 +212,7 @@ def test_cotangent_of_the_wrong_shape_is_refused():
     x1, x2, w = torch.zeros(3, 4), torch.zeros(5, 4), torch.zeros(5, 2)
     with pytest.raises(ValueError, match=r"gg2 has shape \(5, 3\), expected \(5, 4\)"):
         double_backward.tp_dbwd._init_fn(
-            torch.zeros(5, 6), x1, x2, w, None, torch.zeros(5, 3), None, *(None,) * 5, "1,1,1,0,0", True, True, True, True
+            torch.zeros(5, 6), x1, x2, w, None, torch.zeros(5, 3), None, *(None,) * 7, "1,1,1,0,0", True, True, True, True
         )
 
 
@@ -368,7 +368,7 @@ def test_split_and_grouped_row_passes_give_the_same_results(name, monkeypatch):
     case = CASES[name]
     tp, graph, (x1, x2, w), rand = _problem(case)
     key = product_key(*case[:3], False, case[6])
-    csr = (*graph, *edge_csr(*graph, x1.shape[0]))
+    csr = (*graph, *edge_csr(*graph, x1.shape[0]), None, None)
     go = rand(*tp(x1, x2, w, *graph).shape)
     gg = (rand(*x1.shape), rand(*x2.shape), rand(*w.shape))
     launches = []
@@ -405,7 +405,7 @@ def test_custom_op_schema_and_fake_implementation(name):
     case = CASES[name]
     tp, graph, (x1, x2, w), rand = _problem(case)
     key = product_key(*case[:3], False, case[6])
-    csr = (None,) * 5 if graph is None else (*graph, *edge_csr(*graph, x1.shape[0]))
+    csr = (None,) * 7 if graph is None else (*graph, *edge_csr(*graph, x1.shape[0]), None, None)
     go = rand(*tp(x1, x2, w, *(graph or ())).shape)
     args = (go, x1, x2, w, None, rand(*x2.shape), rand(*w.shape), *csr, key, True, True, False, True)
     torch.library.opcheck(ops.tp_dbwd.op, args, test_utils=("test_schema", "test_faketensor"))

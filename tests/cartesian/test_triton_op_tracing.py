@@ -131,9 +131,11 @@ def _sm90_target():
 
 
 @uninterpreted
-@pytest.mark.parametrize("conv", [True, False])
+@pytest.mark.parametrize("conv", [True, False, "weight rows"], ids=["conv", "dense", "conv-weight-rows"])
 @pytest.mark.parametrize("one_pass", [True, False], ids=["one-pass-bwd", "two-kernel-bwd"])
 def test_tensor_product_and_its_backward_lower_to_kernels(conv, one_pass, monkeypatch):
+    """``weight rows``: the weights read through an index (``widx``; ``wrows`` is not read by
+    the kernels, only by the autograd formulas)."""
     monkeypatch.setattr(ops, "FUSED_CSR_BACKWARD", one_pass)
     key = product_key(2, 3, 2, False, False)
     spec, F, n, e = product_spec(key), 4, 7, 20
@@ -141,13 +143,17 @@ def test_tensor_product_and_its_backward_lower_to_kernels(conv, one_pass, monkey
     receivers = torch.randint(0, n, (e,)).sort().values
     senders = torch.randint(0, n, (e,))
     graph_tensors = (receivers, senders, *edge_csr(receivers, senders, n)) if conv else ()
+    if conv == "weight rows":
+        widx = torch.randperm(e) // 2
+        wrows = torch.stack([(widx == r).nonzero()[:, 0] for r in range(e // 2)])
+        graph_tensors += (widx, wrows)
     rows_out = n if conv else e
     x1 = torch.randn(n if conv else e, spec.in1_comps * F)
-    x2, w = torch.randn(e, spec.in2_comps), torch.randn(e, spec.n_paths * F)
+    x2, w = torch.randn(e, spec.in2_comps), torch.randn(e // 2 if conv == "weight rows" else e, spec.n_paths * F)
     go = torch.randn(rows_out, spec.n_out_blocks * F)
 
     def fn(x1, x2, w, go, *g):
-        g = g if conv else (None,) * 5
+        g = (None,) * 7 if not conv else g if len(g) == 7 else (*g, None, None)
         out = ops.tp_fwd.op(x1, x2, w, *g, key)
         return (out, *ops.tp_bwd.op(go, x1, x2, w, *g, key, True, True, True))
 
@@ -195,7 +201,7 @@ def test_fused_double_backward_lowers_to_kernels():
     gg1, gg2, ggw = torch.randn_like(x1), torch.randn_like(x2), torch.randn_like(w)
 
     def fn(go, x1, x2, w, gg1, gg2, ggw, receivers, senders, rowptr, perm, srowptr):
-        return tp_dbwd(go, x1, x2, w, gg1, gg2, ggw, receivers, senders, rowptr, perm, srowptr, key, True, True, True, True)
+        return tp_dbwd(go, x1, x2, w, gg1, gg2, ggw, receivers, senders, rowptr, perm, srowptr, None, None, key, True, True, True, True)
 
     # the receiver pass (d go, d x2, d w) and the sender pass (d x1)
     _assert_lowered(_trace(fn, go, x1, x2, w, gg1, gg2, ggw, receivers, senders, *csr), 2)
@@ -228,7 +234,7 @@ def test_compiled_calls_inline_the_ops_unless_asked_not_to(monkeypatch, inline):
         raise _Captured
 
     def fn(x1, x2, w):
-        return ops.tp_fwd.op(x1, x2, w, None, None, None, None, None, key) * 2.0
+        return ops.tp_fwd.op(x1, x2, w, None, None, None, None, None, None, None, key) * 2.0
 
     torch._dynamo.reset()
     try:

@@ -140,7 +140,7 @@ def test_csr_backward_one_pass_equals_two_kernels(F, device, monkeypatch):
     x2 = torch.randn(n_edges, tp.in2_width, dtype=dtype, generator=g).to(device)
     w = torch.randn(n_edges, tp.weight_numel, dtype=dtype, generator=g).to(device)
     go = torch.randn(n_nodes, tp.out_width, dtype=dtype, generator=g).to(device)
-    args = (go, x1, x2, w, receivers, senders, *csr, product_key(2, 3, 3, False, False))
+    args = (go, x1, x2, w, receivers, senders, *csr, None, None, product_key(2, 3, 3, False, False))
     for need in [(True, True, True), (True, True, False), (True, False, True)]:
         results = []
         for fused in (True, False):

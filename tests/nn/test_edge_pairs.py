@@ -1,10 +1,13 @@
 """The radial MLPs once per pair of reverse edges: the grouping, and the same model to every order."""
 
+import os
+
 import pytest
 import torch
 from ase.build import bulk
 from ase.build import molecule as ase_molecule
 
+from flashcart.cartesian import TensorProduct
 from flashcart.data import collate, structure_from_atoms
 from flashcart.model import Predictor
 from flashcart.model.potential import FlashCartPotential
@@ -51,7 +54,10 @@ def test_groups_are_reverse_pairs(structures):
         r, s, t = _keys(b, e1)
         assert _keys(b, e2) == (s, r, tuple(-v for v in t))  # the reverse edge
         assert int(pairs.leader[g]) in (e1, e2)
+        # the product sums the row's gradient over exactly these two edges, leader first
+        assert sorted(pairs.row_edges[g].tolist()) == [e1, e2] and int(pairs.row_edges[g, 0]) == int(pairs.leader[g])
     assert all(len(es) == 2 for es in members.values())
+    assert pairs.row_edges[n_edges // 2 :].eq(-1).all()  # the unused row
 
 
 def test_dead_edges_share_one_group_and_missing_reverses_overflow():
@@ -62,6 +68,9 @@ def test_dead_edges_share_one_group_and_missing_reverses_overflow():
     pairs = edge_pairs(b.receivers, b.senders, b.shifts, live, n)
     dead = pairs.pair_of_edge[~live]
     assert dead.unique().numel() == 1 and not bool((pairs.pair_of_edge[live] == dead[0]).any())
+    assert pairs.row_edges[dead[0]].eq(-1).all()  # a constant (zero) row: no gradient is summed into it
+    listed = pairs.row_edges[pairs.row_edges >= 0]
+    assert listed.unique().numel() == listed.numel() and live[listed].all()
     # half a list: every edge is a group of its own, more than P
     keep = b.receivers < b.senders
     half = edge_pairs(b.receivers[keep], b.senders[keep], b.shifts[keep], torch.ones(int(keep.sum()), dtype=torch.bool), n)
@@ -94,6 +103,48 @@ def test_pairs_give_the_same_model_to_second_order(structures):
         assert (g is None) == (r is None)
         if g is not None:
             assert_close(g, r, 1e-12, "parameter gradient")
+
+
+def _dead_edge_problem(use_triton: bool, device: str = "cpu"):
+    """A model with r_max 3 on a list built at r_max 4.5: about half the edges are dead (zero
+    envelope), one group whose row no gradient reaches."""
+    m = tiny_model(r_max=3.0).to(device)
+    if use_triton:  # the products' Triton kernels (interpreted on the CPU), the rest as it is
+        for tp in (mod for mod in m.modules() if isinstance(mod, TensorProduct)):
+            tp.backend = "triton"
+    b = as_batch(tiny_model(r_max=4.5), [molecule(2), thin_cell()]).to(device)
+    image = (b.shifts.to(b.positions.dtype)[:, :, None] * b.cell[b.edge_batch]).sum(1)
+    d = (b.positions[b.senders] - b.positions[b.receivers] + image).norm(dim=1)
+    assert 0.2 < float((d >= 3.0).double().mean()) < 0.8
+    return m, b
+
+
+def _compare_pairs_to_second_order(m, b):
+    m.radial_pairs = False
+    ref, ref_grads = _training_gradients(m, b)
+    m.radial_pairs = True
+    out, grads = _training_gradients(m, b)
+    for k in ref:
+        assert_close(out[k], ref[k], 1e-12, k)
+    for g, r in zip(grads, ref_grads):
+        assert (g is None) == (r is None)
+        if g is not None:
+            assert_close(g, r, 1e-12, "parameter gradient")
+
+
+INTERPRETED = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter off")
+
+
+@pytest.mark.parametrize("use_triton", [False, pytest.param(True, marks=INTERPRETED)], ids=["torch", "triton"])
+def test_dead_edges_to_second_order(use_triton):
+    """The dead edges' row lists no edges (WeightRows): exact to second order, both backends (the
+    Triton kernels read the rows through the pair index)."""
+    _compare_pairs_to_second_order(*_dead_edge_problem(use_triton))
+
+
+@pytest.mark.gpu
+def test_dead_edges_to_second_order_on_gpu():
+    _compare_pairs_to_second_order(*_dead_edge_problem(True, "cuda"))
 
 
 def test_padded_predictor_and_incomplete_lists():
@@ -149,3 +200,23 @@ def test_real_molecule_with_hydrogens():
     ref = m.predict(b)
     m.radial_pairs = True
     assert_close(m.predict(b)["forces"], ref["forces"], 1e-12, "forces")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_compiled_pairs_on_gpu(mode):
+    """Compiled calls with the products reading the pair rows (custom ops traced with the index,
+    CUDA graphs) against eager calls with one MLP row per edge."""
+    import copy
+
+    torch._dynamo.reset()
+    m, b = _dead_edge_problem(True, "cuda")
+    m.radial_pairs = False
+    ref = Predictor(m)(b, stress=True)
+    paired = copy.deepcopy(m)  # dynamo does not guard module attributes: a model of its own
+    paired.radial_pairs = True
+    compiled = Predictor(paired, compile=True, compile_mode=mode)
+    for _ in range(3):
+        out = compiled(b, stress=True)
+    for k in ref:
+        assert_close(out[k], ref[k], 1e-10, k)

@@ -71,6 +71,18 @@ def out_offsets(paths: list[Path], out_l_max: int, reduce: bool) -> tuple[dict[t
     return offsets, base
 
 
+def weight_row(indent: str, edge: str, ptr: str = "pw") -> list[str]:
+    """``{ptr}``: the weight row of edge/row ``edge`` (int64): row ``widx[edge]`` with ``W_INDEX``
+    (several edges sharing one row, e.g. the two edges of a pair of reverse edges), else ``edge``."""
+    return [
+        f"{indent}if W_INDEX:",
+        f"{indent}{_I}wr = tl.load(widx_ptr + {edge})",
+        f"{indent}else:",
+        f"{indent}{_I}wr = {edge}",
+        f"{indent}{ptr} = w_ptr + wr * w_row",
+    ]
+
+
 def _load(name: str, ptr: str, index: str, fvec: str) -> str:
     return f"{name} = tl.load({ptr} + {index} + {fvec}, mask=fm, other=0.0)"
 
@@ -139,7 +151,7 @@ def _fwd(paths, offsets, n_out) -> list[str]:
         f"{II}{I}src = e64",
         f"{II}pa = x1_ptr + src * x1_row",
         f"{II}pb = x2_ptr + e64 * x2_row",
-        f"{II}pw = w_ptr + e64 * w_row",
+        *weight_row(II, "e64"),
     ]
     _load_inputs(L, paths, II)
     for pi, p in enumerate(paths):
@@ -176,7 +188,7 @@ def _bwd_edge(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
         f"{I}pg = go_ptr + gi * go_row",
         f"{I}pa = x1_ptr + si * x1_row",
         f"{I}pb = x2_ptr + r * x2_row",
-        f"{I}pw = w_ptr + r * w_row",
+        *weight_row(I, "r"),
     ]
     L += [I + _load(f"go{k}", "pg", f"{k} * F", "f") for k in range(n_out)]
     _alias_go(L, paths, offsets, I)
@@ -255,7 +267,7 @@ def _sender_walk(L, paths, offsets, n_out, acc: str, hoist_w: bool) -> None:
         f"{II}gi = tl.load(recv_ptr + e)",
         f"{II}pg = go_ptr + gi * go_row",
         f"{II}pb = x2_ptr + e * x2_row",
-        f"{II}pw = w_ptr + e * w_row",
+        *weight_row(II, "e"),
     ]
     L += [II + _load(f"go{k}", "pg", f"{k} * F", "f") for k in range(n_out)]
     _alias_go(L, paths, offsets, II)

@@ -35,7 +35,7 @@ from __future__ import annotations
 from .._codegen_torch import bilinear_lines
 from .._expressions import product_table, product_vjp_a_table, product_vjp_b_table
 from .._paths import Path
-from .codegen import _I, _lit, _load, _ranks, out_offsets, receiver_prologue, sender_prologue
+from .codegen import _I, _lit, _load, _ranks, out_offsets, receiver_prologue, sender_prologue, weight_row
 from .signatures import TP_DBWD_ROW, TP_DBWD_X1_CSR
 
 __all__ = ["generate_double_backward_source", "row_groups"]
@@ -195,7 +195,7 @@ def _row_body(indent: str, sel, offsets, in1_l_max: int, in2_l_max: int, group: 
         f"{III}src = e64",
         f"{II}pa = x1_ptr + src * x1_row",
         f"{II}pb = x2_ptr + e64 * x2_row",
-        f"{II}pw = w_ptr + e64 * w_row",
+        *weight_row(II, "e64"),
     ]
     # x1, x2 and w always exist; loads a configuration does not use are removed by the compiler
     L += _load_rank_rows(II, paths, "l1", "a", "pa", "F1C", "f1")
@@ -265,7 +265,7 @@ def _x1_csr_kernel(paths, offsets, n_out, in1_l_max) -> list[str]:
         f"{II}gi = tl.load(recv_ptr + e64)",
         f"{II}pg = go_ptr + gi * go_row",
         f"{II}pb = x2_ptr + e64 * x2_row",
-        f"{II}pw = w_ptr + e64 * w_row",
+        *weight_row(II, "e64"),
     ]
     L += [II + _load(f"go{k}", "pg", f"{k} * F", "f") for k in range(n_out)]
     L += _alias_go(II, list(enumerate(paths)), offsets)

@@ -66,9 +66,9 @@ def fused_outputs(has_gg1: bool, has_gg2: bool, has_ggw: bool, need: tuple[bool,
     )
 
 
-def _check_like(t: Optional[Tensor], like: Tensor, what: str) -> None:
-    if t is not None and t.shape != like.shape:
-        raise ValueError(f"tp_dbwd: {what} has shape {tuple(t.shape)}, expected {tuple(like.shape)} (the shape of its operand)")
+def _check_like(t: Optional[Tensor], shape, what: str) -> None:
+    if t is not None and tuple(t.shape) != tuple(shape):
+        raise ValueError(f"tp_dbwd: {what} has shape {tuple(t.shape)}, expected {tuple(shape)} (the shape of its operand)")
 
 
 @kernel_op("flashcart::tp_dbwd")
@@ -85,6 +85,8 @@ def tp_dbwd(
     rowptr: Optional[Tensor],
     perm: Optional[Tensor],
     srowptr: Optional[Tensor],
+    widx: Optional[Tensor],
+    wrows: Optional[Tensor],
     key: str,
     need_go: bool,
     need_x1: bool,
@@ -97,12 +99,15 @@ def tp_dbwd(
     Shapes: ``go [rows_out, n_out_blocks * F]`` (rows_out: nodes in convolution mode, rows in
     dense mode), ``x1 [nodes or rows, (l1+1)^2 * F1]``, ``x2 [edges or rows, (l2+1)^2 * F2]``,
     ``w [edges or rows, n_paths * F]`` or shared ``[n_paths * F]``; ``gg1/gg2/ggw`` like
-    ``x1/x2/w``. Graph tensors as in ``tp_fwd`` (all ``None`` in dense mode).
+    ``x1/x2/w``. Graph tensors as in ``tp_fwd`` (all ``None`` in dense mode). With ``widx``
+    (edge ``e`` reads weight row ``widx[e]`` of ``w [R, n_paths * F]``) ``ggw`` and ``d w`` are per
+    edge, ``[edges, n_paths * F]``, like the weight gradient ``tp_bwd`` returns; ``wrows`` is not read
+    here (the caller sums ``d w`` into rows).
     """
     spec, f1, f2, F = tp_shapes(key, x1, x2)
-    _check_like(gg1, x1, "gg1")
-    _check_like(gg2, x2, "gg2")
-    _check_like(ggw, w, "ggw")
+    _check_like(gg1, x1.shape, "gg1")
+    _check_like(gg2, x2.shape, "gg2")
+    _check_like(ggw, w.shape if widx is None else (x2.shape[0], w.shape[-1]), "ggw")
     has1, has2, hasw = gg1 is not None, gg2 is not None, ggw is not None
     c_go, c_x1, c_x2, c_w = fused_outputs(has1, has2, hasw, (need_go, need_x1, need_x2, need_w))
     conv = receivers is not None
@@ -140,6 +145,7 @@ def tp_dbwd(
                 x1_ptr=x1,
                 x2_ptr=x2,
                 w_ptr=w,
+                widx_ptr=widx if widx is not None else unused,
                 gg1_ptr=gg1 if has1 else unused,
                 gg2_ptr=gg2 if has2 else unused,
                 ggw_ptr=ggw if hasw else unused,
@@ -172,6 +178,7 @@ def tp_dbwd(
                 RED_X1=red1,
                 RED_X2=red2,
                 SHARED_W=shared,
+                W_INDEX=widx is not None,
                 ROW_GROUPS=groups > 1,
                 BLOCK_F=block,
                 DT=DT[dt],
@@ -189,6 +196,7 @@ def tp_dbwd(
                 go_ptr=go,
                 x2_ptr=x2,
                 w_ptr=w,
+                widx_ptr=widx if widx is not None else unused,
                 gg2_ptr=gg2 if has2 else unused,
                 ggw_ptr=ggw if hasw else unused,
                 dx1_ptr=d_x1,
@@ -205,6 +213,7 @@ def tp_dbwd(
                 HAS_GG2=has2,
                 HAS_GGW=hasw,
                 RED_X1=red1,
+                W_INDEX=widx is not None,
                 BLOCK_F=block,
                 DT=DT[dt],
             )
@@ -223,6 +232,7 @@ def tp_dbwd(
 
 
 @tp_dbwd.register_fake
-def _(go, x1, x2, w, gg1, gg2, ggw, receivers, senders, rowptr, perm, srowptr, key, need_go, need_x1, need_x2, need_w):
+def _(go, x1, x2, w, gg1, gg2, ggw, receivers, senders, rowptr, perm, srowptr, widx, wrows, key, need_go, need_x1, need_x2, need_w):
     flags = fused_outputs(gg1 is not None, gg2 is not None, ggw is not None, (need_go, need_x1, need_x2, need_w))
-    return tuple(t.new_empty(t.shape) if c else t.new_empty(0) for t, c in zip((go, x1, x2, w), flags))
+    shapes = (go.shape, x1.shape, x2.shape, w.shape if widx is None else (x2.shape[0], w.shape[-1]))
+    return tuple(t.new_empty(s) if c else t.new_empty(0) for t, s, c in zip((go, x1, x2, w), shapes, flags))

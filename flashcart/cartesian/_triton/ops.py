@@ -8,8 +8,8 @@ themselves, so backward, double backward and beyond are all Triton launches, and
 
 Ops (namespace ``flashcart``):
 
-* ``tp_fwd(x1, x2, w, rowptr, senders, key)``; ``tp_bwd(go, x1, x2, w, receivers, senders,
-  srowptr, perm, key, need_x1, need_x2, need_w)``; the tensor product's double backward is
+* ``tp_fwd(x1, x2, w, *graph, key)``; ``tp_bwd(go, x1, x2, w, *graph, key, need_x1, need_x2,
+  need_w)`` with ``graph = (receivers, senders, rowptr, perm, srowptr, widx, wrows)``; the tensor product's double backward is
   ``tp_dbwd`` (``double_backward.py``: fused kernels, used when the double backward is not
   itself differentiated) or a composition of ``tp_fwd``/``tp_bwd`` (differentiable again).
 * ``expansion_fwd(u, l_max)``, ``expansion_vjp(u, g, l_max)``, ``expansion_second(u, g, v, l_max)``.
@@ -28,6 +28,7 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from .._layout import edge_csr
 from .._linear_spec import BWD_W, BWD_X, COLUMN, FWD, N_COLS, launch_rows, linear_spec, n_tiles
+from .._weight_rows import weight_rows_sum
 from .common import DT as _DT
 from .common import block_f as _block_f
 from .common import cdiv as _cdiv
@@ -69,7 +70,11 @@ FUSED_CSR_BACKWARD = _csr_backward_mode()
 
 
 # Graph tensors in convolution mode: receivers, senders, rowptr, perm, srowptr (see edge_csr);
-# all None in dense mode.
+# all None in dense mode. Then widx, wrows (both None, or both given): edge e reads weight row
+# widx[e] of w [R, n_paths * F], and the weights' gradient of row r sums the per-edge gradients of
+# the edges wrows[r] lists (flashcart.cartesian._weight_rows). The kernels read rows through widx;
+# tp_bwd and tp_dbwd return the weights' gradient per edge ([E, n_paths * F]), which the autograd
+# formulas sum into rows (weight_rows_sum).
 
 
 @kernel_op("flashcart::tp_fwd")
@@ -82,6 +87,8 @@ def tp_fwd(
     rowptr: Optional[Tensor],
     perm: Optional[Tensor],
     srowptr: Optional[Tensor],
+    widx: Optional[Tensor],
+    wrows: Optional[Tensor],
     key: str,
 ) -> Tensor:
     spec, f1, f2, F = _tp_shapes(key, x1, x2)
@@ -100,6 +107,7 @@ def tp_fwd(
         x1_ptr=x1,
         x2_ptr=x2,
         w_ptr=w,
+        widx_ptr=widx if widx is not None else unused,
         out_ptr=out,
         rowptr_ptr=rowptr if conv else unused,
         send_ptr=senders if conv else unused,
@@ -113,6 +121,7 @@ def tp_fwd(
         F2C=f2,
         F=F,
         CONV=conv,
+        W_INDEX=widx is not None,
         BLOCK_F=block,
         DT=_DT[out.dtype],
     )
@@ -120,7 +129,7 @@ def tp_fwd(
 
 
 @tp_fwd.register_fake
-def _(x1, x2, w, receivers, senders, rowptr, perm, srowptr, key):
+def _(x1, x2, w, receivers, senders, rowptr, perm, srowptr, widx, wrows, key):
     spec, _, _, F = _tp_shapes(key, x1, x2)
     rows = x1.shape[0] if rowptr is not None else x2.shape[0]
     return x2.new_empty(rows, spec.n_out_blocks * F)
@@ -137,6 +146,8 @@ def tp_bwd(
     rowptr: Optional[Tensor],
     perm: Optional[Tensor],
     srowptr: Optional[Tensor],
+    widx: Optional[Tensor],
+    wrows: Optional[Tensor],
     key: str,
     need_x1: bool,
     need_x2: bool,
@@ -160,7 +171,7 @@ def tp_bwd(
     # convolution with input 1's gradient and another: one pass per sender (tp_bwd_csr)
     fused = conv and need_x1 and (need_x2 or need_w) and FUSED_CSR_BACKWARD and not shared and F > 0
     if fused:
-        _bwd_csr(mod, go, x1, x2, w, g1, g2, gw, receivers, perm, srowptr, f1, f2, F, need_x2, need_w, reduce_g2)
+        _bwd_csr(mod, go, x1, x2, w, widx, g1, g2, gw, receivers, perm, srowptr, f1, f2, F, need_x2, need_w, reduce_g2)
     elif not guard_or_false(rows == 0) and F and (need_x2 or need_w or (need_x1 and not conv)):
         unused = go  # any tensor: pointer arguments the kernel does not read (their NEED_*/CONV flag is off)
         eblock = _next_pow2(F) if reduce_g2 else block
@@ -172,6 +183,7 @@ def tp_bwd(
             x1_ptr=x1,
             x2_ptr=x2,
             w_ptr=w,
+            widx_ptr=widx if widx is not None else unused,
             g1_ptr=g1 if need_x1 and not conv else unused,
             g2_ptr=g2 if need_x2 else unused,
             gw_ptr=gw if need_w else unused,
@@ -190,6 +202,7 @@ def tp_bwd(
             F2C=f2,
             F=F,
             CONV=conv,
+            W_INDEX=widx is not None,
             NEED_G1=need_x1 and not conv,
             NEED_G2=need_x2,
             NEED_GW=need_w,
@@ -205,6 +218,7 @@ def tp_bwd(
             go_ptr=go,
             x2_ptr=x2,
             w_ptr=w,
+            widx_ptr=widx if widx is not None else go,
             g1_ptr=g1,
             srowptr_ptr=srowptr,
             perm_ptr=perm,
@@ -216,6 +230,7 @@ def tp_bwd(
             F2S=int(f2 != 1),
             F2C=f2,
             F=F,
+            W_INDEX=widx is not None,
             BLOCK_F=block,
             DT=_DT[dt],
         )
@@ -230,7 +245,7 @@ def tp_bwd(
     return g1, g2, gw
 
 
-def _bwd_csr(mod, go, x1, x2, w, g1, g2, gw, receivers, perm, srowptr, f1, f2, F, need_x2, need_w, reduce_g2) -> None:
+def _bwd_csr(mod, go, x1, x2, w, widx, g1, g2, gw, receivers, perm, srowptr, f1, f2, F, need_x2, need_w, reduce_g2) -> None:
     """Launch ``tp_bwd_csr``: one program per sender (and channel block; a single block covering
     every channel when input 2's gradient is summed over channels in-kernel)."""
     if guard_or_false(x1.shape[0] == 0):
@@ -245,6 +260,7 @@ def _bwd_csr(mod, go, x1, x2, w, g1, g2, gw, receivers, perm, srowptr, f1, f2, F
         x1_ptr=x1,
         x2_ptr=x2,
         w_ptr=w,
+        widx_ptr=widx if widx is not None else unused,
         g1_ptr=g1,
         g2_ptr=g2 if need_x2 else unused,
         gw_ptr=gw if need_w else unused,
@@ -263,6 +279,7 @@ def _bwd_csr(mod, go, x1, x2, w, g1, g2, gw, receivers, perm, srowptr, f1, f2, F
         F1C=f1,
         F2C=f2,
         F=F,
+        W_INDEX=widx is not None,
         NEED_G2=need_x2,
         NEED_GW=need_w,
         REDUCE_G2=reduce_g2,
@@ -272,18 +289,32 @@ def _bwd_csr(mod, go, x1, x2, w, g1, g2, gw, receivers, perm, srowptr, f1, f2, F
 
 
 @tp_bwd.register_fake
-def _(go, x1, x2, w, receivers, senders, rowptr, perm, srowptr, key, need_x1, need_x2, need_w):
+def _(go, x1, x2, w, receivers, senders, rowptr, perm, srowptr, widx, wrows, key, need_x1, need_x2, need_w):
     return (
         x1.new_empty(x1.shape) if need_x1 else x1.new_empty(0),
         x2.new_empty(x2.shape) if need_x2 else x2.new_empty(0),
-        w.new_empty(w.shape) if need_w else w.new_empty(0),
+        w.new_empty(_edge_weight_shape(w, x2, widx)) if need_w else w.new_empty(0),
     )
 
 
+def _edge_weight_shape(w: Tensor, x2: Tensor, widx: Optional[Tensor]) -> tuple:
+    """Shape of the weights' gradient as the kernels produce it: per edge with ``widx``."""
+    return (x2.shape[0], w.shape[1]) if widx is not None else tuple(w.shape)
+
+
+_GRAPH = 7  # graph tensors after the operands: receivers, senders, rowptr, perm, srowptr, widx, wrows
+
+
 def _tp_setup(ctx, inputs, output):
-    x1, x2, w, receivers, senders, rowptr, perm, srowptr, key = inputs
+    x1, x2, w, *graph, key = inputs
     ctx.key = key
-    ctx.save_for_backward(x1, x2, w, receivers, senders, rowptr, perm, srowptr)
+    ctx.save_for_backward(x1, x2, w, *graph)
+
+
+def _rows_grad(gw: Tensor, graph) -> Tensor:
+    """The weights' gradient per row: ``gw`` itself, or its edges summed per row with ``widx``."""
+    wrows = graph[6]
+    return gw if wrows is None else weight_rows_sum(gw, wrows)
 
 
 _AccumulateGrad = torch._C._functions.AccumulateGrad
@@ -311,12 +342,12 @@ def _engine_needs(ctx, first: Tensor, n: int) -> list[bool]:
 
 
 def _tp_backward(ctx, go):
-    x1, x2, w, receivers, senders, rowptr, perm, srowptr = ctx.saved_tensors
+    x1, x2, w, *graph = ctx.saved_tensors
     need = _engine_needs(ctx, go, 3)
-    grads = [None] * 9
+    grads = [None] * (4 + _GRAPH)
     if any(need[:3]):
-        g1, g2, gw = tp_bwd(go, x1, x2, w, receivers, senders, rowptr, perm, srowptr, ctx.key, need[0], need[1], need[2])
-        grads[:3] = [g1 if need[0] else None, g2 if need[1] else None, gw if need[2] else None]
+        g1, g2, gw = tp_bwd(go, x1, x2, w, *graph, ctx.key, need[0], need[1], need[2])
+        grads[:3] = [g1 if need[0] else None, g2 if need[1] else None, _rows_grad(gw, graph) if need[2] else None]
     return tuple(grads)
 
 
@@ -324,9 +355,9 @@ tp_fwd.register_autograd(_tp_backward, setup_context=_tp_setup)
 
 
 def _tp_bwd_setup(ctx, inputs, output):
-    go, x1, x2, w, receivers, senders, rowptr, perm, srowptr, key, n1, n2, nw = inputs
+    go, x1, x2, w, *graph, key, n1, n2, nw = inputs
     ctx.key, ctx.flags = key, (n1, n2, nw)
-    ctx.save_for_backward(go, x1, x2, w, receivers, senders, rowptr, perm, srowptr)
+    ctx.save_for_backward(go, x1, x2, w, *graph)
 
 
 def _present(t: Optional[Tensor]) -> bool:
@@ -356,8 +387,9 @@ def _tp_bwd_backward(ctx, gg1, gg2, ggw):
     composition above (up to ten launches) runs when the result must itself be
     differentiable or with ``FUSED_DOUBLE_BACKWARD`` off.
     """
-    go, x1, x2, w, receivers, senders, rowptr, perm, srowptr = ctx.saved_tensors
-    graph = (receivers, senders, rowptr, perm, srowptr)
+    go, x1, x2, w, *graph = ctx.saved_tensors
+    # ggw (the cotangent of the per-edge weight gradient) is per edge: it is read without widx
+    edge_graph = (*graph[:5], None, None)
     key = ctx.key
     n1, n2, nw = ctx.flags
     gg1 = gg1 if n1 and _present(gg1) else None
@@ -366,14 +398,16 @@ def _tp_bwd_backward(ctx, gg1, gg2, ggw):
     need = _engine_needs(ctx, go, 4)
     if FUSED_DOUBLE_BACKWARD and not _recorded(go, x1, x2, w, gg1, gg2, ggw):
         flags = fused_outputs(gg1 is not None, gg2 is not None, ggw is not None, tuple(need[:4]))
-        outs = tp_dbwd(go, x1, x2, w, gg1, gg2, ggw, *graph, key, *need[:4])
-        return tuple(o if c else None for o, c in zip(outs, flags)) + (None,) * 9
+        outs = list(tp_dbwd(go, x1, x2, w, gg1, gg2, ggw, *graph, key, *need[:4]))
+        if flags[3]:
+            outs[3] = _rows_grad(outs[3], graph)
+        return tuple(o if c else None for o, c in zip(outs, flags)) + (None,) * (_GRAPH + 4)
 
     def fwd(a, b, c):
-        return tp_fwd(a, b, c, *graph, key)
+        return tp_fwd(a, b, c, *(edge_graph if c is ggw else graph), key)
 
     def bwd(a, b, c, which):
-        return tp_bwd(go, a, b, c, *graph, key, which == 0, which == 1, which == 2)[which]
+        return tp_bwd(go, a, b, c, *(edge_graph if c is ggw else graph), key, which == 0, which == 1, which == 2)[which]
 
     d_go = d_x1 = d_x2 = d_w = None
     if need[0]:
@@ -398,19 +432,24 @@ def _tp_bwd_backward(ctx, gg1, gg2, ggw):
             d_w = _add(d_w, bwd(gg1, x2, w, 2))
         if gg2 is not None:
             d_w = _add(d_w, bwd(x1, gg2, w, 2))
-    return (d_go, d_x1, d_x2, d_w) + (None,) * 9
+        if d_w is not None:
+            d_w = _rows_grad(d_w, graph)
+    return (d_go, d_x1, d_x2, d_w) + (None,) * (_GRAPH + 4)
 
 
 tp_bwd.register_autograd(_tp_bwd_backward, setup_context=_tp_bwd_setup)
 
 
-def tensor_product(tp, x1: Tensor, x2: Tensor, w: Tensor, receivers: Optional[Tensor], senders: Optional[Tensor], csr=None) -> Tensor:
+def tensor_product(
+    tp, x1: Tensor, x2: Tensor, w: Tensor, receivers: Optional[Tensor], senders: Optional[Tensor], csr=None, weight_rows=None
+) -> Tensor:
     """Triton path of :class:`~flashcart.cartesian.TensorProduct` (shapes checked by the caller)."""
     key = product_key(tp.in1_l_max, tp.in2_l_max, tp.out_l_max, tp.symmetric, tp.reduce_paths)
     if receivers is None:
-        return tp_fwd(x1, x2, w, None, None, None, None, None, key)
+        return tp_fwd(x1, x2, w, None, None, None, None, None, None, None, key)
     rowptr, perm, srowptr = csr if csr is not None else edge_csr(receivers, senders, x1.shape[0])
-    return tp_fwd(x1, x2, w, receivers, senders, rowptr, perm, srowptr, key)
+    widx, wrows = weight_rows if weight_rows is not None else (None, None)
+    return tp_fwd(x1, x2, w, receivers, senders, rowptr, perm, srowptr, widx, wrows, key)
 
 
 # ---------------------------------------------------------------------------------------

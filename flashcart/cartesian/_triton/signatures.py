@@ -91,12 +91,15 @@ def traceable(kernel: Any, probe: Any) -> Any:
 # Tensor products (one generated module per configuration, see codegen.generate_product_source).
 # *_ptr: tensor data; *_row: row strides (elements); F1S/F2S: channel stride of input 1/2
 # (0 for a broadcast one-channel input); F1C/F2C: channels of input 1/2; F: output channels.
+# W_INDEX: edge/row e reads weight row widx[e] (widx_ptr, int64), else row e; weight gradients
+# stay per edge/row (the caller sums the edges of each row, see ops.weight_rows_sum).
 TP_FWD = KernelSignature(
     "tp_fwd",
     args=(
         "x1_ptr",
         "x2_ptr",
         "w_ptr",
+        "widx_ptr",
         "out_ptr",
         "rowptr_ptr",
         "send_ptr",
@@ -110,16 +113,16 @@ TP_FWD = KernelSignature(
         "F2C",
         "F",
     ),
-    constexprs=("CONV", "BLOCK_F", "DT"),
+    constexprs=("CONV", "W_INDEX", "BLOCK_F", "DT"),
 )
 # The backward's tensors and their row strides, then the channel arguments (tp_bwd_edge, tp_bwd_csr).
-_BWD_TENSORS = ("go_ptr", "x1_ptr", "x2_ptr", "w_ptr", "g1_ptr", "g2_ptr", "gw_ptr")
+_BWD_TENSORS = ("go_ptr", "x1_ptr", "x2_ptr", "w_ptr", "widx_ptr", "g1_ptr", "g2_ptr", "gw_ptr")
 _BWD_ROWS = ("go_row", "x1_row", "x2_row", "w_row", "g1_row", "g2_row", "gw_row")
 _CHANNELS = ("F1S", "F2S", "F1C", "F2C", "F")
 TP_BWD_EDGE = KernelSignature(
     "tp_bwd_edge",
     args=(*_BWD_TENSORS, "recv_ptr", "send_ptr", *_BWD_ROWS, *_CHANNELS),
-    constexprs=("CONV", "NEED_G1", "NEED_G2", "NEED_GW", "REDUCE_G2", "BLOCK_F", "DT"),
+    constexprs=("CONV", "W_INDEX", "NEED_G1", "NEED_G2", "NEED_GW", "REDUCE_G2", "BLOCK_F", "DT"),
 )
 TP_BWD_X1_CSR = KernelSignature(
     "tp_bwd_x1_csr",
@@ -127,6 +130,7 @@ TP_BWD_X1_CSR = KernelSignature(
         "go_ptr",
         "x2_ptr",
         "w_ptr",
+        "widx_ptr",
         "g1_ptr",
         "srowptr_ptr",
         "perm_ptr",
@@ -139,7 +143,7 @@ TP_BWD_X1_CSR = KernelSignature(
         "F2C",
         "F",
     ),
-    constexprs=("BLOCK_F", "DT"),
+    constexprs=("W_INDEX", "BLOCK_F", "DT"),
 )
 # The convolution backward in one pass per sender: the gradient of input 1 (as tp_bwd_x1_csr) and,
 # for each of the sender's edges, those of input 2 and the weights (as tp_bwd_edge), every edge
@@ -147,7 +151,7 @@ TP_BWD_X1_CSR = KernelSignature(
 TP_BWD_CSR = KernelSignature(
     "tp_bwd_csr",
     args=(*_BWD_TENSORS, "srowptr_ptr", "perm_ptr", "recv_ptr", *_BWD_ROWS, *_CHANNELS),
-    constexprs=("NEED_G2", "NEED_GW", "REDUCE_G2", "BLOCK_F", "DT"),
+    constexprs=("W_INDEX", "NEED_G2", "NEED_GW", "REDUCE_G2", "BLOCK_F", "DT"),
 )
 
 # Fused double backward (codegen_double.generate_double_backward_source, its own module per
@@ -166,6 +170,7 @@ TP_DBWD_ROW = KernelSignature(
         "x1_ptr",
         "x2_ptr",
         "w_ptr",
+        "widx_ptr",
         "gg1_ptr",
         "gg2_ptr",
         "ggw_ptr",
@@ -200,6 +205,7 @@ TP_DBWD_ROW = KernelSignature(
         "RED_X1",
         "RED_X2",
         "SHARED_W",
+        "W_INDEX",
         "ROW_GROUPS",
         "BLOCK_F",
         "DT",
@@ -211,6 +217,7 @@ TP_DBWD_X1_CSR = KernelSignature(
         "go_ptr",
         "x2_ptr",
         "w_ptr",
+        "widx_ptr",
         "gg2_ptr",
         "ggw_ptr",
         "dx1_ptr",
@@ -225,7 +232,7 @@ TP_DBWD_X1_CSR = KernelSignature(
         "F2C",
         "F",
     ),
-    constexprs=("HAS_GG2", "HAS_GGW", "RED_X1", "BLOCK_F", "DT"),
+    constexprs=("HAS_GG2", "HAS_GGW", "RED_X1", "W_INDEX", "BLOCK_F", "DT"),
 )
 
 # Direction expansion (codegen.generate_expansion_source); n: rows, BLOCK: rows per program.

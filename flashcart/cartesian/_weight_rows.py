@@ -1,0 +1,59 @@
+"""Weights shared by several edges: edge ``e`` reads row ``index[e]`` of ``w [R, W]``.
+
+A tensor product may read its per-edge weights through an index (``WeightRows``), so that a
+weight row computed once serves several edges: the two edges of a pair of reverse edges share
+one radial-MLP row (:mod:`flashcart.nn.edge_pairs`). The Triton kernels read the row through the
+index in place (no ``[E, W]`` gather); the PyTorch backend gathers it.
+
+The gradient of row ``r`` is the sum of the per-edge gradients of the edges listed in
+``edges[r]`` (at most two; ``-1`` for none). That is a sum over every edge reading the row, except
+for rows whose gradient the caller knows to be unused (a constant row, listed as ``[-1, -1]``),
+and it needs no atomics: each row sums two known rows of the per-edge gradient.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+__all__ = ["WeightRows", "gather_weight_rows", "weight_rows_sum"]
+
+
+class WeightRows(NamedTuple):
+    """``index [E]`` int64: the weight row of each edge; ``edges [R, 2]`` int64: the edges whose
+    gradients each row sums (``-1``: none)."""
+
+    index: torch.Tensor
+    edges: torch.Tensor
+
+
+def weight_rows_sum(g: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
+    """``[R, W]``: row ``r`` is ``g[edges[r, 0]] + g[edges[r, 1]]`` (``-1`` entries add nothing),
+    for per-edge gradients ``g [E, W]``. Differentiable (plain tensor operations)."""
+    picked = g.index_select(0, edges.clamp(min=0).reshape(-1)).view(edges.shape[0], 2, g.shape[1])
+    return torch.where((edges >= 0).unsqueeze(-1), picked, 0).sum(1)
+
+
+class _GatherRows(torch.autograd.Function):
+    """``w.index_select(0, index)`` whose gradient is :func:`weight_rows_sum` of the edges listed
+    per row (the Triton kernels' contract), not a scatter-add over every edge."""
+
+    @staticmethod
+    def forward(w, index, edges):
+        return w.index_select(0, index)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _, index, edges = inputs
+        ctx.save_for_backward(index, edges)
+
+    @staticmethod
+    def backward(ctx, g):
+        _, edges = ctx.saved_tensors
+        return weight_rows_sum(g, edges), None, None
+
+
+def gather_weight_rows(w: torch.Tensor, rows: WeightRows) -> torch.Tensor:
+    """``[E, W]``: each edge's weight row (the PyTorch backend's reading of ``rows``)."""
+    return _GatherRows.apply(w, rows.index, rows.edges)

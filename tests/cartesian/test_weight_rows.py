@@ -1,0 +1,111 @@
+"""Tensor products reading their weights through an index (``WeightRows``): the same function as
+the gathered weights, to second order, on both backends and every Triton call path."""
+
+import pytest
+import torch
+
+from flashcart.cartesian import TensorProduct, WeightRows
+from flashcart.testing import assert_close
+
+from .test_triton_parity import (
+    DEVICES,
+    _compare_to_second_order,
+    _graph,
+    dispatch,  # noqa: F401  (the fixture)
+    needs_triton,
+)
+
+N_NODES, N_EDGES = 5, 9
+
+
+def _rows(device, unlisted=()):
+    """Edges sharing rows two by two (one single edge, one row nobody reads), in random order;
+    rows in ``unlisted`` list no edges."""
+    g = torch.Generator().manual_seed(4)
+    index = torch.randperm(N_EDGES, generator=g) // 2  # rows 0..3 read twice, row 4 once
+    n_rows = N_EDGES // 2 + 2  # and row 5 by nobody
+    edges = torch.full((n_rows, 2), -1, dtype=torch.int64)
+    for e, r in enumerate(index.tolist()):
+        edges[r, int(edges[r, 0] >= 0)] = e
+    for r in unlisted:
+        edges[r] = -1
+    return WeightRows(index.to(device), edges.to(device)), n_rows
+
+
+def _problem(device, F=3):
+    dtype = torch.float64
+    tp = TensorProduct(2, 3, 3, F, 1, backend="torch")
+    receivers, senders = _graph(N_NODES, N_EDGES, device)
+    g = torch.Generator().manual_seed(5)
+    rows, n_rows = _rows(device)
+    x1 = torch.randn(N_NODES, tp.in1_width, dtype=dtype, generator=g).to(device)
+    x2 = torch.randn(N_EDGES, tp.in2_width, dtype=dtype, generator=g).to(device)
+    w = torch.randn(n_rows, tp.weight_numel, dtype=dtype, generator=g).to(device)
+    return tp, receivers, senders, rows, [x1, x2, w]
+
+
+@pytest.mark.usefixtures("dispatch")
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("variant", ["torch", "triton", "triton, two-kernel backward", "triton, composed double backward"])
+def test_weight_rows_equal_gathered_weights(variant, device, monkeypatch):
+    """Forward, every first derivative, and the derivative of a scalar of first derivatives
+    (the force-training pattern), float64, against the weights gathered per edge."""
+    import flashcart.cartesian._triton.ops as ops
+
+    if variant != "torch" and needs_triton.args[0]:
+        pytest.skip(needs_triton.kwargs["reason"])
+    if variant == "torch" and device == "cuda":
+        pytest.skip("the CPU covers the PyTorch backend's reading")
+    monkeypatch.setattr(ops, "FUSED_CSR_BACKWARD", variant != "triton, two-kernel backward")
+    monkeypatch.setattr(ops, "FUSED_DOUBLE_BACKWARD", variant != "triton, composed double backward")
+    ref, receivers, senders, rows, inputs = _problem(device)
+    tp = TensorProduct(2, 3, 3, 3, 1, backend="torch" if variant == "torch" else "triton")
+
+    def gathered(x1, x2, w):
+        return ref(x1, x2, w.index_select(0, rows.index), receivers, senders)
+
+    def indexed(x1, x2, w):
+        return tp(x1, x2, w, receivers, senders, None, rows)
+
+    _compare_to_second_order(gathered, indexed, inputs, torch.float64)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_unlisted_rows_get_no_gradient(backend, device):
+    """A row whose edges are not listed keeps its value but gets a zero gradient (the contract for
+    rows the caller knows to be constant); the listed rows get the sum over their edges."""
+    if backend == "triton" and needs_triton.args[0]:
+        pytest.skip(needs_triton.kwargs["reason"])
+    if backend == "torch" and device == "cuda":
+        pytest.skip("the CPU covers the PyTorch backend's reading")
+    ref, receivers, senders, _, (x1, x2, w) = _problem(device)
+    rows, _ = _rows(device, unlisted=(1,))
+    tp = TensorProduct(2, 3, 3, 3, 1, backend=backend)
+    w_ref, w_idx = w.clone().requires_grad_(), w.clone().requires_grad_()
+    out_ref = ref(x1, x2, w_ref.index_select(0, rows.index), receivers, senders)
+    out = tp(x1, x2, w_idx, receivers, senders, None, rows)
+    assert_close(out, out_ref, 1e-12, "forward")
+    cot = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(6)).to(device)
+    (g_ref,) = torch.autograd.grad(out_ref, w_ref, cot)
+    (g,) = torch.autograd.grad(out, w_idx, cot)
+    assert g_ref[1].abs().max() > 0 and g[1].abs().max() == 0
+    keep = torch.arange(w.shape[0], device=device) != 1
+    assert_close(g[keep], g_ref[keep], 1e-12, "listed rows")
+
+
+def test_bad_weight_rows_are_refused():
+    ref, receivers, senders, rows, (x1, x2, w) = _problem("cpu")
+    with pytest.raises(ValueError, match="weight_rows needs convolution mode"):
+        ref(x1, torch.zeros(N_NODES, ref.in2_width, dtype=x1.dtype), w[:N_NODES], None, None, None, rows)
+    with pytest.raises(ValueError, match="weight_rows.index must be int64"):
+        ref(x1, x2, w, receivers, senders, None, WeightRows(rows.index.int(), rows.edges))
+    with pytest.raises(ValueError, match="weight_rows.index must be int64 of shape \\[9\\]"):
+        ref(x1, x2, w, receivers, senders, None, WeightRows(rows.index[:-1], rows.edges))
+    with pytest.raises(ValueError, match="weight_rows.edges must be int64 of shape \\[6, 2\\]"):
+        ref(x1, x2, w, receivers, senders, None, WeightRows(rows.index, rows.edges[:-1]))
+    with pytest.raises(ValueError, match="shape \\[R, "):
+        ref(x1, x2, w[:, :-1], receivers, senders, None, rows)
+    shared = TensorProduct(2, 3, 3, 3, 1, shared_weights=True, backend="torch")
+    with pytest.raises(ValueError, match="not shared"):
+        shared(x1, x2, w[0], receivers, senders, None, rows)
