@@ -94,6 +94,8 @@
 #            the compiled training step's kernel profile (about 10 minutes)
 #   wrows    one GPU: the products reading the pair rows through the pair index: GPU parity, the MLP table, the
 #            reduce-overhead force call per edge and per pair (about 9 minutes)
+#   wrows2   one GPU: the same after the per-row weight gradient became one Triton pass, the two settings' force
+#            calls each in a process of its own (about 9 minutes)
 #   pairstrain one GPU: the same for the reduce-overhead training step (two compiles, about 9 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -555,6 +557,14 @@ wrows)
   timeout 240 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond --calls reduce-overhead \
     --rounds 9 --calls-per-round 50 > "$out/pair_calls.log" 2>&1
   ;;
+wrows2)
+  # the per-row weight gradient as one Triton pass (weight_rows_sum): GPU parity (with compiled calls), the MLP table,
+  # the reduce-overhead force call per edge and per pair, each in a process of its own (one process replayed one graph)
+  gpu_tests 0 "tests/cartesian/test_weight_rows.py:80" "tests/nn/test_edge_pairs.py:150" > "$out/tests_rows.log" 2>&1
+  timeout 60 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond > "$out/radial_pairs.log" 2>&1
+  timeout 250 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond --calls reduce-overhead \
+    --rounds 9 --calls-per-round 50 > "$out/pair_calls.log" 2>&1
+  ;;
 pairstrain)
   timeout 560 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond --calls reduce-overhead \
     --training --rounds 7 --calls-per-round 20 > "$out/pair_calls_training.log" 2>&1
@@ -563,7 +573,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, pairstrain or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, pairstrain or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

@@ -109,3 +109,21 @@ def test_bad_weight_rows_are_refused():
     shared = TensorProduct(2, 3, 3, 3, 1, shared_weights=True, backend="torch")
     with pytest.raises(ValueError, match="not shared"):
         shared(x1, x2, w[0], receivers, senders, None, rows)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("width", [7, 340, 1300], ids=lambda w: f"W{w}")
+def test_rows_sum_kernel_equals_the_formula(width, device):
+    """The Triton pass that sums each row's edges (no atomics) against the PyTorch formula, bit
+    for bit, with its derivative to second order (float64); several column blocks at W 1300."""
+    if needs_triton.args[0]:
+        pytest.skip(needs_triton.kwargs["reason"])
+    from flashcart.cartesian._triton.ops import weight_rows_sum as kernel_sum
+    from flashcart.cartesian._weight_rows import weight_rows_sum
+
+    rows, _ = _rows(device, unlisted=(2,))
+    g = torch.randn(N_EDGES, width, dtype=torch.float64, generator=torch.Generator().manual_seed(7)).to(device)
+    assert torch.equal(kernel_sum(g, rows.edges, rows.index), weight_rows_sum(g, rows.edges))
+    _compare_to_second_order(
+        lambda t: weight_rows_sum(t, rows.edges) ** 2, lambda t: kernel_sum(t, rows.edges, rows.index) ** 2, [g], torch.float64
+    )

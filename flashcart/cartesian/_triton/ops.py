@@ -28,7 +28,6 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from .._layout import edge_csr
 from .._linear_spec import BWD_W, BWD_X, COLUMN, FWD, N_COLS, launch_rows, linear_spec, n_tiles
-from .._weight_rows import weight_rows_sum
 from .common import DT as _DT
 from .common import block_f as _block_f
 from .common import cdiv as _cdiv
@@ -41,6 +40,9 @@ from .double_backward import tp_dbwd as _tp_dbwd_op
 from .linear_kernel import default_tiles, grouped_matmul, linear_tiles
 from .signatures import EXPANSION_FWD, EXPANSION_SECOND, EXPANSION_VJP, TP_BWD_CSR, TP_BWD_EDGE, TP_BWD_X1_CSR, TP_FWD, launch_kernel
 from .source import expansion_module, product_key, product_module
+from .weight_rows import _backward as _rows_sum_backward
+from .weight_rows import _setup as _rows_sum_setup
+from .weight_rows import weight_rows_sum
 
 __all__ = ["tensor_product", "direction_expansion", "equivariant_linear", "edge_csr", "FUSED_DOUBLE_BACKWARD"]
 
@@ -312,9 +314,10 @@ def _tp_setup(ctx, inputs, output):
 
 
 def _rows_grad(gw: Tensor, graph) -> Tensor:
-    """The weights' gradient per row: ``gw`` itself, or its edges summed per row with ``widx``."""
-    wrows = graph[6]
-    return gw if wrows is None else weight_rows_sum(gw, wrows)
+    """The weights' gradient per row: ``gw`` itself, or its edges summed per row with ``widx``
+    (``weight_rows_sum``, one Triton pass)."""
+    widx, wrows = graph[5], graph[6]
+    return gw if wrows is None else weight_rows_sum(gw, wrows, widx)
 
 
 _AccumulateGrad = torch._C._functions.AccumulateGrad
@@ -869,6 +872,7 @@ def _dispatching(name: str, op, setup, backward):
 # The module-level names, used by the entry points and by every derivative formula above
 # (looked up when those run), become dispatchers; ``name.op`` is the custom op.
 tp_fwd = _dispatching("tp_fwd", tp_fwd, _tp_setup, _tp_backward)
+weight_rows_sum = _dispatching("weight_rows_sum", weight_rows_sum, _rows_sum_setup, _rows_sum_backward)
 tp_bwd = _dispatching("tp_bwd", tp_bwd, _tp_bwd_setup, _tp_bwd_backward)
 
 

@@ -1,0 +1,78 @@
+"""The weights' gradient per row of a product reading its weights through an index (Triton).
+
+``weight_rows_sum(g [E, W], edges [R, 2], index [E]) -> [R, W]``: row ``r`` is
+``g[edges[r, 0]] + g[edges[r, 1]]`` (``-1`` adds nothing), one pass that reads the listed rows
+of ``g`` and writes each output row once: no atomics, and the same float sum as the PyTorch
+formula (:func:`flashcart.cartesian._weight_rows.weight_rows_sum`). ``index`` (each edge's row)
+serves the derivative: edge ``e`` gets its row's cotangent if the row lists it, else zero.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+from .common import cdiv, kernel_op, next_pow2
+from .signatures import launch_kernel
+
+__all__ = ["weight_rows_sum", "listed_edges"]
+
+_BLOCK_W = 512  # columns per program at most (4 warps at float32)
+
+
+@triton.jit
+def weight_rows_sum_kernel(g_ptr, edges_ptr, out_ptr, W, BLOCK_W: tl.constexpr):
+    r = tl.cast(tl.program_id(0), tl.int64)
+    cols = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+    m = cols < W
+    e0 = tl.load(edges_ptr + 2 * r)
+    e1 = tl.load(edges_ptr + 2 * r + 1)
+    # -1 (no edge): read row 0 and drop it (a scalar-and-vector mask fails in the interpreter)
+    a = tl.load(g_ptr + tl.maximum(e0, 0) * W + cols, mask=m, other=0.0)
+    b = tl.load(g_ptr + tl.maximum(e1, 0) * W + cols, mask=m, other=0.0)
+    a = tl.where(e0 >= 0, a, tl.zeros_like(a))
+    b = tl.where(e1 >= 0, b, tl.zeros_like(b))
+    tl.store(out_ptr + r * W + cols, a + b, mask=m)
+
+
+@kernel_op("flashcart::weight_rows_sum")
+def weight_rows_sum(g: Tensor, edges: Tensor, index: Tensor) -> Tensor:
+    g, edges = g.contiguous(), edges.contiguous()
+    rows, width = edges.shape[0], g.shape[1]
+    out = torch.empty(rows, width, dtype=g.dtype, device=g.device)
+    if guard_or_false(rows == 0) or width == 0:
+        return out
+    block = min(_BLOCK_W, next_pow2(width))
+    values = dict(g_ptr=g, edges_ptr=edges, out_ptr=out, W=width, BLOCK_W=block)
+    launch_kernel(weight_rows_sum_kernel, g, (rows, cdiv(width, block)), values, {"num_warps": max(1, min(4, block // 128))})
+    return out
+
+
+@weight_rows_sum.register_fake
+def _(g, edges, index):
+    return g.new_empty(edges.shape[0], g.shape[1])
+
+
+def listed_edges(edges: Tensor, index: Tensor) -> Tensor:
+    """``[E]`` bool: whether edge ``e`` is among the edges its row ``index[e]`` lists."""
+    e = torch.arange(index.shape[0], device=index.device, dtype=index.dtype)
+    return (edges.index_select(0, index) == e[:, None]).any(1)
+
+
+def _setup(ctx, inputs, output):
+    _, edges, index = inputs
+    ctx.save_for_backward(edges, index)
+
+
+def _backward(ctx, grad_rows):
+    """Edge ``e`` gets the cotangent of its row if the row lists it (differentiable: plain tensor
+    operations)."""
+    edges, index = ctx.saved_tensors
+    picked = grad_rows.index_select(0, index)
+    return torch.where(listed_edges(edges, index).unsqueeze(-1), picked, 0), None, None
+
+
+weight_rows_sum.register_autograd(_backward, setup_context=_setup)
