@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["WeightRows", "gather_weight_rows", "weight_rows_sum"]
+__all__ = ["WeightRows", "gather_weight_rows", "listed_edges", "weight_rows_sum"]
 
 
 class WeightRows(NamedTuple):
@@ -35,25 +35,16 @@ def weight_rows_sum(g: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
     return torch.where((edges >= 0).unsqueeze(-1), picked, 0).sum(1)
 
 
-class _GatherRows(torch.autograd.Function):
-    """``w.index_select(0, index)`` whose gradient is :func:`weight_rows_sum` of the edges listed
-    per row (the Triton kernels' contract), not a scatter-add over every edge."""
-
-    @staticmethod
-    def forward(w, index, edges):
-        return w.index_select(0, index)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        _, index, edges = inputs
-        ctx.save_for_backward(index, edges)
-
-    @staticmethod
-    def backward(ctx, g):
-        _, edges = ctx.saved_tensors
-        return weight_rows_sum(g, edges), None, None
+def listed_edges(edges: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``[E]`` bool: whether edge ``e`` is among the edges its row ``index[e]`` lists."""
+    e = torch.arange(index.shape[0], device=index.device, dtype=index.dtype)
+    return (edges.index_select(0, index) == e[:, None]).any(1)
 
 
 def gather_weight_rows(w: torch.Tensor, rows: WeightRows) -> torch.Tensor:
-    """``[E, W]``: each edge's weight row (the PyTorch backend's reading of ``rows``)."""
-    return _GatherRows.apply(w, rows.index, rows.edges)
+    """``[E, W]``: each edge's weight row (the PyTorch backend's reading of ``rows``), with the
+    gradient contract of the Triton kernels: edges their row does not list pass no gradient.
+    Plain tensor operations (a custom ``autograd.Function`` here gave wrong second derivatives
+    under ``torch.compile``)."""
+    picked = w.index_select(0, rows.index)
+    return torch.where(listed_edges(rows.edges, rows.index).unsqueeze(-1), picked, picked.detach())

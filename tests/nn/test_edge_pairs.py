@@ -220,3 +220,27 @@ def test_compiled_pairs_on_gpu(mode):
         out = compiled(b, stress=True)
     for k in ref:
         assert_close(out[k], ref[k], 1e-10, k)
+
+
+@pytest.mark.gpu
+def test_compiled_training_with_pairs_on_gpu():
+    """A compiled training step (create_graph, loss, parameter gradients) with the products
+    reading the pair rows: the same gradients as eager calls with one MLP row per edge (on the
+    CPU a custom autograd.Function once gave wrong second derivatives under inductor)."""
+    import copy
+
+    torch._dynamo.reset()
+    m, b = _dead_edge_problem(True, "cuda")
+    results = []
+    for pairs, compile in ((False, False), (True, True)):
+        model = copy.deepcopy(m)
+        model.radial_pairs = pairs
+        out = Predictor(model, compile=compile)(b, stress=True, create_graph=True)
+        ((out["forces"] ** 2).sum() + out["energy"].sum()).backward()
+        results.append((out, [p.grad for p in model.parameters() if p.grad is not None]))
+    (eo, eg), (co, cg) = results
+    for k in eo:
+        assert_close(co[k].detach(), eo[k].detach(), 1e-10, k)
+    assert len(eg) == len(cg)
+    for a, c in zip(eg, cg):
+        assert_close(c, a, 1e-9, "parameter gradient")

@@ -15,10 +15,11 @@ import triton.language as tl
 from torch import Tensor
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
+from .._weight_rows import listed_edges
 from .common import cdiv, kernel_op, next_pow2
 from .signatures import launch_kernel
 
-__all__ = ["weight_rows_sum", "listed_edges"]
+__all__ = ["weight_rows_sum"]
 
 _BLOCK_W = 512  # columns per program at most (4 warps at float32)
 
@@ -54,12 +55,6 @@ def weight_rows_sum(g: Tensor, edges: Tensor, index: Tensor) -> Tensor:
 @weight_rows_sum.register_fake
 def _(g, edges, index):
     return g.new_empty(edges.shape[0], g.shape[1])
-
-
-def listed_edges(edges: Tensor, index: Tensor) -> Tensor:
-    """``[E]`` bool: whether edge ``e`` is among the edges its row ``index[e]`` lists."""
-    e = torch.arange(index.shape[0], device=index.device, dtype=index.dtype)
-    return (edges.index_select(0, index) == e[:, None]).any(1)
 
 
 def _setup(ctx, inputs, output):
