@@ -245,7 +245,10 @@ class FlashCartPotential(torch.nn.Module):
         list to be pair-complete, as every list FlashCart builds is (the :class:`Predictor`
         checks each new list it pads). Traced and exported models keep one row per edge.
         """
-        if receivers.shape[0] == 0 or torch.jit.is_tracing() or torch.compiler.is_exporting():
+        # Not torch.compiler.is_exporting(): it is also true while dynamo traces a CUDA call for
+        # torch.compile (torch 2.11, H200, 2026-12-02), which then never used the pairs. Exported
+        # files use frozen_copy, which turns the pairs off.
+        if receivers.shape[0] == 0 or torch.jit.is_tracing():
             return None
         compiling = torch.compiler.is_compiling()
         if not self.radial_pairs_used(receivers.is_cuda):
