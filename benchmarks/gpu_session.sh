@@ -98,6 +98,8 @@
 #            calls each in a process of its own (about 9 minutes)
 #   rowsfinal one GPU: compiled training with the pair rows, the compiled force call's kernels with and without them,
 #            the profiler's reduce-overhead force call and training step (about 9 minutes)
+#   pairsnext one GPU, the next session's first call: GPU parity of compiled calls that really use the pair rows,
+#            the reduce-overhead force call per edge and per pair (about 8 minutes)
 #   pairstrain one GPU: the same for the reduce-overhead training step (two compiles, about 9 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -578,6 +580,14 @@ rowsfinal)
   done > "$out/profile_pairs.log" 2>&1
   profile_run S reduce-overhead both 200 > "$out/profiler.log" 2>&1
   ;;
+pairsnext)
+  # the next session's first call: the compiled calls now really use the pair rows (is_exporting() was true while
+  # dynamo traced CUDA calls): GPU parity of compiled force calls and a compiled training step with them, then the
+  # reduce-overhead force call per edge and per pair (a process each); then part pairstrain for the training step
+  gpu_tests 0 "tests/nn/test_edge_pairs.py:240" "tests/cartesian/test_weight_rows.py:80" > "$out/tests_pairs.log" 2>&1
+  timeout 250 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond --calls reduce-overhead \
+    --rounds 9 --calls-per-round 50 > "$out/pair_calls.log" 2>&1
+  ;;
 pairstrain)
   timeout 560 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond --calls reduce-overhead \
     --training --rounds 7 --calls-per-round 20 > "$out/pair_calls_training.log" 2>&1
@@ -586,7 +596,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairstrain or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

@@ -147,6 +147,25 @@ def test_dead_edges_to_second_order_on_gpu():
     _compare_pairs_to_second_order(*_dead_edge_problem(True, "cuda"))
 
 
+def _mlp_rows(m) -> list:
+    """The row counts the first radial MLP sees (recorded while a compiled call is traced)."""
+    rows = []
+    m.interactions[0].radial.layers[0].register_forward_hook(lambda mod, inp, out: rows.append(inp[0].shape[0]))
+    return rows
+
+
+def test_pairs_do_not_ask_whether_exporting(monkeypatch):
+    """torch.compiler.is_exporting() is also true while dynamo traces a CUDA call for
+    torch.compile (torch 2.11): the pairs once went unused in every compiled CUDA call."""
+    m = tiny_model()
+    m.radial_pairs = True
+    b = as_batch(m, [crystal()])
+    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
+    rows = _mlp_rows(m)
+    m.predict(b)
+    assert rows == [pair_capacity(b.receivers.shape[0])]
+
+
 def test_padded_predictor_and_incomplete_lists():
     m = tiny_model()
     b = as_batch(m, [crystal(), molecule()])
@@ -215,9 +234,11 @@ def test_compiled_pairs_on_gpu(mode):
     ref = Predictor(m)(b, stress=True)
     paired = copy.deepcopy(m)  # dynamo does not guard module attributes: a model of its own
     paired.radial_pairs = True
+    rows = _mlp_rows(paired)
     compiled = Predictor(paired, compile=True, compile_mode=mode)
     for _ in range(3):
         out = compiled(b, stress=True)
+    assert rows and max(rows) < b.receivers.shape[0]  # traced once per pair, not per (padded) edge
     for k in ref:
         assert_close(out[k], ref[k], 1e-10, k)
 
@@ -235,7 +256,9 @@ def test_compiled_training_with_pairs_on_gpu():
     for pairs, compile in ((False, False), (True, True)):
         model = copy.deepcopy(m)
         model.radial_pairs = pairs
+        rows = _mlp_rows(model)
         out = Predictor(model, compile=compile)(b, stress=True, create_graph=True)
+        assert not pairs or (rows and max(rows) < b.receivers.shape[0])
         ((out["forces"] ** 2).sum() + out["energy"].sum()).backward()
         results.append((out, [p.grad for p in model.parameters() if p.grad is not None]))
     (eo, eg), (co, cg) = results
