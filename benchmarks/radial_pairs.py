@@ -28,7 +28,9 @@ call. Float32, TF32 off::
 ``--calls MODE`` times whole Predictor calls instead (padded unless ``--unpadded``, compiled with
 ``MODE``, or eager with ``eager``): the force call, and with ``--training`` the training step (predict with
 create_graph, loss, parameter gradients), with ``FlashCartPotential.radial_pairs`` off and on,
-alternating in rounds (median ms per call, CUDA synchronised, warm-up and compiles excluded)::
+each in a process of its own (``--setting edge|pair`` runs one; ``--same-process`` alternates both
+in rounds in one process, valid for eager calls only: compiled ones would share one graph),
+median ms per call, CUDA synchronised, warm-up and compiles excluded::
 
     python benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond --calls reduce-overhead
 """
