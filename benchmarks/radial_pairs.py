@@ -29,7 +29,7 @@ call. Float32, TF32 off::
 ``MODE``, or eager with ``eager``): the force call, and with ``--training`` the training step (predict with
 create_graph, loss, parameter gradients), with ``FlashCartPotential.radial_pairs`` off and on,
 each in a process of its own (``--setting edge|pair`` runs one; ``--same-process`` alternates both
-in rounds in one process, valid for eager calls only: compiled ones would share one graph),
+in rounds in one process),
 median ms per call, CUDA synchronised, warm-up and compiles excluded::
 
     python benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond --calls reduce-overhead
@@ -85,10 +85,11 @@ def _ms(fn, cuda: bool) -> float:
 
 
 def whole_calls_by_process(args) -> None:
-    """Each setting in a process of its own (``--calls`` without ``--setting``): compiled
-    functions are cached per code object and their guards do not see ``radial_pairs``, so a second
-    model in the same process replays the first one's graphs (2026-12-02: "per pair" compiled in
-    0.1 s and timed as "per edge")."""
+    """Each setting in a process of its own (``--calls`` without ``--setting``): nothing one
+    setting compiled or cached can serve the other. (On 2026-12-02 "per pair" compiled in 0.1 s in
+    the process of "per edge" and timed the same: traced CUDA calls then skipped the pairs before
+    reading ``radial_pairs``, so no guard told the two models apart. Dynamo does guard the
+    attribute once it is read: a change traces again.)"""
     import re
     import subprocess
 
@@ -123,7 +124,7 @@ def whole_calls(args, base, batch, device) -> None:
             torch.cuda.synchronize()
 
     def make(setting):
-        # a copy of its own: compiled functions do not see a later change of the attribute
+        # a copy of its own, so that the two settings never share a model
         model = copy.deepcopy(base)
         model.radial_pairs = setting
         params = [p for p in model.parameters() if p.requires_grad]

@@ -78,9 +78,8 @@ class FlashCartPotential(torch.nn.Module):
         radial_pairs: evaluate each element-agnostic radial MLP once per pair of reverse edges
             (:mod:`flashcart.nn.edge_pairs`; the same function, half the MLP's matrix products).
             ``"auto"`` (default): on the CPU only; ``True``: on CUDA too; ``False``: never. Not a
-            configuration key: it changes the speed, not the results. Set it before the first
-            compiled call: compiled functions read it when they compile (dynamo does not guard
-            module attributes).
+            configuration key: it changes the speed, not the results. Compiled calls read it
+            when they are traced, and a change traces them again (one graph per setting).
             The tensor products read each pair's row for both edges (``WeightRows``: no gather,
             each row's gradient summed from its two edges without atomics). On the H200
             (i2c3f20l2r, 1000-atom diamond, 2026-12-02 evening) the MLPs with that sum took

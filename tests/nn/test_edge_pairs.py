@@ -224,7 +224,7 @@ def test_compiled_pairs_on_gpu(mode):
     m, b = _dead_edge_problem(True, "cuda")
     m.radial_pairs = False
     ref = Predictor(m)(b, stress=True)
-    paired = copy.deepcopy(m)  # dynamo does not guard module attributes: a model of its own
+    paired = copy.deepcopy(m)  # a model of its own for each setting
     paired.radial_pairs = True
     rows = _mlp_rows(paired)
     compiled = Predictor(paired, compile=True, compile_mode=mode)
