@@ -107,26 +107,22 @@ class Interaction(torch.nn.Module):
         self.norm = RMSNorm(l_out, F, backend=backend) if layer_norm else None
 
     def forward(self, x, attrs, radial, receivers, senders, csr, node_embed=None, pairs=None):
-        rows = None
-        if pairs is not None and not self.element_features:
-            # one MLP row per pair, read by both edges inside the product
-            weights = self.radial(radial.index_select(0, pairs.leader))
-            rows = WeightRows(pairs.pair_of_edge, pairs.row_edges)
-        else:
-            weights = self.edge_weights(radial, receivers, senders, node_embed, pairs)
+        weights, rows = self.edge_weights(radial, receivers, senders, node_embed, pairs)
         msg = self.tp(self.linear_in(x), attrs, weights, receivers, senders, csr, rows) * self.inv_sqrt_avg_neighbors.to(x.dtype)
         out = self.linear_out(msg) + self.skip(x)
         return self.norm(out) if self.norm is not None else out
 
-    def edge_weights(self, radial, receivers, senders, node_embed=None, pairs=None) -> torch.Tensor:
-        """``[E, weight_numel]``: the radial MLP's path weights of every edge (once per pair with ``pairs``)."""
+    def edge_weights(self, radial, receivers, senders, node_embed=None, pairs=None) -> tuple[torch.Tensor, WeightRows | None]:
+        """``(weights, rows)``: the radial MLP's path weights ``[E, weight_numel]`` and ``None``; or,
+        with ``pairs`` (element-agnostic blocks), one row per pair ``[P, weight_numel]`` and the
+        :class:`WeightRows` through which the product reads each pair's row for both its edges."""
         if self.element_features:
             # radial input stays proportional to the envelope: element terms multiply it
             env = radial[:, :1]
-            return self.radial(torch.cat([radial, node_embed[senders] * env, node_embed[receivers] * env], dim=1))
+            return self.radial(torch.cat([radial, node_embed[senders] * env, node_embed[receivers] * env], dim=1)), None
         if pairs is not None:
-            return self.radial(radial.index_select(0, pairs.leader)).index_select(0, pairs.pair_of_edge)
-        return self.radial(radial)
+            return self.radial(radial.index_select(0, pairs.leader)), WeightRows(pairs.pair_of_edge, pairs.row_edges)
+        return self.radial(radial), None
 
 
 class Gate(torch.nn.Module):
