@@ -42,9 +42,13 @@ def listed_edges(edges: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def gather_weight_rows(w: torch.Tensor, rows: WeightRows) -> torch.Tensor:
-    """``[E, W]``: each edge's weight row (the PyTorch backend's reading of ``rows``), with the
-    gradient contract of the Triton kernels: edges their row does not list pass no gradient.
-    Plain tensor operations (a custom ``autograd.Function`` here gave wrong second derivatives
-    under ``torch.compile``)."""
-    picked = w.index_select(0, rows.index)
-    return torch.where(listed_edges(rows.edges, rows.index).unsqueeze(-1), picked, picked.detach())
+    """``[E, W]``: each edge's weight row (the PyTorch backend's reading of ``rows``). Rows that
+    list no edge pass no gradient, as in the Triton kernels; a listed row's gradient is the sum
+    over every edge reading it (the kernels' sum over the listed ones: the same whenever a row
+    lists all its readers or none, as :mod:`flashcart.nn.edge_pairs` does). The mask is applied
+    to the ``R`` rows, not to the ``E`` gathered ones: on the CPU an edge mask made the
+    second-order training step 1.24x slower than one row per edge (RESULTS.md). Plain tensor
+    operations (a custom ``autograd.Function`` here gave wrong second derivatives under
+    ``torch.compile``)."""
+    listed = (rows.edges >= 0).any(1, keepdim=True)
+    return torch.where(listed, w, w.detach()).index_select(0, rows.index)
