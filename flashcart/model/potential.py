@@ -77,17 +77,17 @@ class FlashCartPotential(torch.nn.Module):
     Attributes:
         radial_pairs: evaluate each element-agnostic radial MLP once per pair of reverse edges
             (:mod:`flashcart.nn.edge_pairs`; the same function, half the MLP's matrix products).
-            ``"auto"`` (default): on the CPU only; ``True``: on CUDA too; ``False``: never. Not a
-            configuration key: it changes the speed, not the results. Compiled calls read it
-            when they are traced, and a change traces them again (one graph per setting).
-            The tensor products read each pair's row for both edges (``WeightRows``: no gather,
-            each row's gradient summed from its two edges without atomics). On the H200
-            (i2c3f20l2r, 1000-atom diamond, 2026-12-02 evening) the MLPs with that sum took
-            0.72 ms against 1.07 ms per edge, and a compiled force call's kernels 2.48 ms against
-            2.67 ms (peak memory 546 against 701 MiB). CUDA calls still keep one row per edge
-            unless asked, until compiled GPU calls with the pairs have passed their parity tests
-            and a wall-clock comparison (eager CUDA calls would pay the grouping's launches and
-            the completeness check's synchronisation).
+            ``"auto"`` (default): on the CPU and in compiled CUDA calls; ``True``: in eager CUDA
+            calls too; ``False``: never. Not a configuration key: it changes the speed, not the
+            results. Compiled calls read it when they are traced, and a change traces them again
+            (one graph per setting). The tensor products read each pair's row for both edges
+            (``WeightRows``: no gather, each row's gradient summed from its two edges without
+            atomics). On the H200 (i2c3f20l2r, 1000-atom diamond, 2026-12-02) the MLPs with that
+            sum took 0.72 ms against 1.07 ms per edge, a ``reduce-overhead`` force call 2.61 ms
+            against 2.77 ms, peak memory 546 against 701 MiB. Eager CUDA calls keep one row per
+            edge unless asked: they would pay the grouping's launches and a synchronisation per
+            call to check that the list is pair-complete (compiled calls take it to be, and the
+            :class:`~flashcart.model.predictor.Predictor` checks each new list once).
     """
 
     def __init__(self, elements: list[str], avg_neighbors: float = 1.0, **options: Any):
@@ -216,15 +216,16 @@ class FlashCartPotential(torch.nn.Module):
         e = self.readout(torch.cat(scalars, dim=1)).squeeze(-1)
         return e * self.scale[types].to(e.dtype) + self.atomic_shifts[types].to(e.dtype)
 
-    def radial_pairs_used(self, cuda: bool) -> bool:
-        """Whether a call on CUDA tensors (or not) groups the edges into pairs for the radial MLPs
-        (:attr:`radial_pairs`; element-agnostic interactions only)."""
+    def radial_pairs_used(self, cuda: bool, compiled: bool = False) -> bool:
+        """Whether a call on CUDA tensors (or not), compiled with ``torch.compile`` (or eager),
+        groups the edges into pairs for the radial MLPs (:attr:`radial_pairs`; element-agnostic
+        interactions only). ``"auto"``: every CPU call and compiled CUDA calls."""
         mode = self.radial_pairs
         if mode not in (True, False, "auto"):
             raise ValueError(f"FlashCartPotential.radial_pairs must be True, False or 'auto', got {mode!r}")
         if mode is False or hasattr(self, "element_embedding"):
             return False
-        return mode is True or not cuda
+        return mode is True or not cuda or compiled
 
     def check_pair_complete(self, receivers, senders, shifts, n_real_edges: int, n_nodes: int, where: str = "the neighbour list") -> None:
         """Raise ``ValueError`` unless the first ``n_real_edges`` edges group into pairs within the
@@ -254,7 +255,7 @@ class FlashCartPotential(torch.nn.Module):
         if receivers.shape[0] == 0 or torch.jit.is_tracing():
             return None
         compiling = torch.compiler.is_compiling()
-        if not self.radial_pairs_used(receivers.is_cuda):
+        if not self.radial_pairs_used(receivers.is_cuda, compiled=compiling):
             return None
         pairs = edge_pairs(receivers, senders, shifts, env != 0, n_nodes)
         if compiling or (receivers.is_cuda and torch.cuda.is_current_stream_capturing()):

@@ -265,7 +265,7 @@ class Predictor:
         """Compiled calls cannot check the radial MLPs' pair grouping (:mod:`flashcart.nn.edge_pairs`):
         check each new neighbour list once, before them (one synchronisation)."""
         check = getattr(self.model, "check_pair_complete", None)
-        if not self.compile or check is None or not self.model.radial_pairs_used(b.receivers.is_cuda):
+        if not self.compile or check is None or not self.model.radial_pairs_used(b.receivers.is_cuda, compiled=True):
             return
         listed = (b.receivers, b.senders, b.shifts)
         if self._pairs_checked is not None and all(x is y for x, y in zip(self._pairs_checked, listed)):

@@ -195,7 +195,9 @@ def test_element_features_and_bad_setting():
     m.radial_pairs = True
     assert not m.radial_pairs_used(cuda=False)
     m = tiny_model()
-    assert m.radial_pairs_used(cuda=False) and not m.radial_pairs_used(cuda=True)  # "auto": the CPU only
+    # "auto": the CPU, and compiled CUDA calls; eager CUDA calls would synchronise to check the list
+    assert m.radial_pairs_used(cuda=False) and not m.radial_pairs_used(cuda=True)
+    assert m.radial_pairs_used(cuda=True, compiled=True) and m.radial_pairs_used(cuda=False, compiled=True)
     m.radial_pairs = True
     assert m.radial_pairs_used(cuda=True)
     m.radial_pairs = "yes"
