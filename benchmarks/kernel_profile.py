@@ -101,7 +101,7 @@ def model_arguments(parser) -> None:
         "--radial-pairs",
         default="auto",
         choices=["auto", "on", "off"],
-        help="FlashCartPotential.radial_pairs: the radial MLPs once per pair of reverse edges (auto: the CPU only)",
+        help="FlashCartPotential.radial_pairs: the radial MLPs once per pair of reverse edges (auto: the CPU and compiled CUDA calls)",
     )
 
 
