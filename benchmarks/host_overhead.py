@@ -179,7 +179,7 @@ def build(model_name: str, structure_name: str):
     for m in model.modules():  # "auto" picks the PyTorch path on CPU tensors; the interpreter allows "triton"
         if hasattr(m, "backend"):
             m.backend = "triton"
-    model.radial_pairs = False  # as on CUDA ("auto" groups the radial MLPs' edges into pairs on the CPU only)
+    model.radial_pairs = False  # as eager CUDA calls ("auto" groups the radial MLPs' edges into pairs on the CPU and in compiled calls)
     return model.float(), batch
 
 
