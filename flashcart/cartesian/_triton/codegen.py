@@ -137,30 +137,86 @@ def sender_prologue(I: str) -> list[str]:
     ]
 
 
+def _operand_names(paths) -> list[str]:
+    """The registers one edge step of the forward reads: input 1's and input 2's components and
+    every path's weights (``a{l}_{i}``, ``b{l}_{j}``, ``w{p}``)."""
+    names = [f"a{l}_{i}" for l in _ranks(paths, "l1") for i in range(2 * l + 1)]
+    names += [f"b{l}_{j}" for l in _ranks(paths, "l2") for j in range(2 * l + 1)]
+    return names + [f"w{pi}" for pi in range(len(paths))]
+
+
+def _fwd_operands(paths, indent: str, edge: str, prefix: str, mask: str) -> list[str]:
+    """Lines loading edge ``edge``'s operands (:func:`_operand_names`, each name prefixed with
+    ``prefix``) under ``mask``: its sender's row of input 1, its row of input 2, its weight row.
+    Defines ``lm``: the channels in range, for an edge before ``end`` (a vector comparison: the
+    interpreter cannot combine a scalar condition with a vector mask)."""
+    L = [
+        f"{indent}if CONV:",
+        f"{indent}{_I}src = tl.load(send_ptr + {edge}, mask={edge} < end, other=0)",
+        f"{indent}else:",
+        f"{indent}{_I}src = {edge}",
+        f"{indent}if W_INDEX:",
+        f"{indent}{_I}wr = tl.load(widx_ptr + {edge}, mask={edge} < end, other=0)",
+        f"{indent}else:",
+        f"{indent}{_I}wr = {edge}",
+        f"{indent}lm = fm & (f * 0 + {edge} < end)",
+    ]
+    pointers = {"a": "x1_ptr + src * x1_row", "b": f"x2_ptr + {edge} * x2_row", "w": "w_ptr + wr * w_row"}
+    for name in _operand_names(paths):
+        if name[0] == "w":
+            index, channels = f"{int(name[1:])} * F", "f"
+        else:
+            l, i = (int(v) for v in name[1:].split("_"))
+            index, channels = (f"{l * l + i} * F1C", "f1") if name[0] == "a" else (f"{l * l + i} * F2C", "f2")
+        L.append(f"{indent}{prefix}{name} = tl.load({pointers[name[0]]} + {index} + {channels}, mask={mask}, other=0.0)")
+    return L
+
+
 def _fwd(paths, offsets, n_out) -> list[str]:
+    """The forward's receiver walk. With ``PIPELINE`` each step loads the next edge's operands
+    before it computes the current edge's messages (software pipelining, one edge ahead: the
+    loads' latency overlaps the arithmetic, for the registers of one more set of operands)."""
     L = TP_FWD.header(_I)
-    I, II = _I, _I * 2
+    I, II, III = _I, _I * 2, _I * 3
     L += receiver_prologue(I)
     L += [f"{I}acc{k} = tl.zeros([BLOCK_F], dtype=DT)" for k in range(n_out)]
+    names = _operand_names(paths)
+    L.append(f"{I}if PIPELINE:")
+    L.append(f"{II}e64 = tl.cast(start, tl.int64)")
+    L += _fwd_operands(paths, II, "e64", "n", "lm")
+    L.append(f"{II}for e in range(start, end):")
+    L += [f"{III}{name} = n{name}" for name in names]
+    L.append(f"{III}e64 = tl.cast(e, tl.int64) + 1")
+    L += _fwd_operands(paths, III, "e64", "n", "lm")
+    L += _fwd_messages(paths, offsets, III)
+    L.append(f"{I}else:")
     L += [
-        f"{I}for e in range(start, end):",
-        f"{II}e64 = tl.cast(e, tl.int64)",
-        f"{II}if CONV:",
-        f"{II}{I}src = tl.load(send_ptr + e64)",
-        f"{II}else:",
-        f"{II}{I}src = e64",
-        f"{II}pa = x1_ptr + src * x1_row",
-        f"{II}pb = x2_ptr + e64 * x2_row",
-        *weight_row(II, "e64"),
+        f"{II}for e in range(start, end):",
+        f"{III}e64 = tl.cast(e, tl.int64)",
+        f"{III}if CONV:",
+        f"{III}{I}src = tl.load(send_ptr + e64)",
+        f"{III}else:",
+        f"{III}{I}src = e64",
+        f"{III}pa = x1_ptr + src * x1_row",
+        f"{III}pb = x2_ptr + e64 * x2_row",
+        *weight_row(III, "e64"),
     ]
-    _load_inputs(L, paths, II)
-    for pi, p in enumerate(paths):
-        L.append(II + _load(f"w{pi}", "pw", f"{pi} * F", "f"))
-        L += [II + s for s in bilinear_lines(product_table(p.l1, p.l2, p.l_out), f"a{p.l1}_", f"b{p.l2}_", f"t{pi}_", _lit)]
-        for c in range(2 * p.l_out + 1):
-            L.append(f"{II}acc{offsets[(pi, c)]} += w{pi} * t{pi}_{c}")
+    _load_inputs(L, paths, III)
+    L += _fwd_messages(paths, offsets, III, load_w=True)
     L.append(f"{I}po = out_ptr + row * out_row")
     L += [f"{I}tl.store(po + {k} * F + f, acc{k}, mask=fm)" for k in range(n_out)]
+    return L
+
+
+def _fwd_messages(paths, offsets, indent: str, load_w: bool = False) -> list[str]:
+    """Each path's message of one edge added to the accumulators (its weights loaded first with ``load_w``)."""
+    L = []
+    for pi, p in enumerate(paths):
+        if load_w:
+            L.append(indent + _load(f"w{pi}", "pw", f"{pi} * F", "f"))
+        L += [indent + s for s in bilinear_lines(product_table(p.l1, p.l2, p.l_out), f"a{p.l1}_", f"b{p.l2}_", f"t{pi}_", _lit)]
+        for c in range(2 * p.l_out + 1):
+            L.append(f"{indent}acc{offsets[(pi, c)]} += w{pi} * t{pi}_{c}")
     return L
 
 

@@ -33,7 +33,8 @@ def _variants(dbwd_only: bool):
     out = []
     if not dbwd_only:
         out += [
-            ("product", TP_FWD, "tp_fwd conv", dict(CONV=True)),
+            ("product", TP_FWD, "tp_fwd conv", dict(CONV=True, PIPELINE=False)),
+            ("product", TP_FWD, "tp_fwd conv, pipelined", dict(CONV=True, PIPELINE=True)),
             ("product", TP_BWD_EDGE, "tp_bwd_edge conv g2+gw", dict(CONV=True, NEED_G1=False, NEED_G2=True, NEED_GW=True, REDUCE_G2=True)),
             ("product", TP_BWD_X1_CSR, "tp_bwd_x1_csr", {}),
             ("product", TP_BWD_CSR, "tp_bwd_csr g1+g2+gw", dict(NEED_G2=True, NEED_GW=True, REDUCE_G2=True)),

@@ -66,6 +66,20 @@ def _csr_backward_mode() -> bool:
 # Read at import; benchmarks flip the module attribute to compare the two in one process.
 FUSED_CSR_BACKWARD = _csr_backward_mode()
 
+
+def _pipeline_mode() -> bool:
+    """``FLASHCART_TP_PIPELINE``: ``1`` runs the tensor-product forward's receiver walk software
+    pipelined (each step loads the next edge's operands before it computes the current edge's
+    messages); ``0`` (default) loads each edge's operands in its own step."""
+    raw = os.environ.get("FLASHCART_TP_PIPELINE", "0").strip() or "0"
+    if raw not in ("0", "1"):
+        raise ValueError(f"environment variable FLASHCART_TP_PIPELINE must be 0 or 1, got {raw!r}")
+    return raw == "1"
+
+
+# Read at import; benchmarks and tests flip the module attribute.
+TP_PIPELINE = _pipeline_mode()
+
 # ---------------------------------------------------------------------------------------
 # tensor product
 # ---------------------------------------------------------------------------------------
@@ -124,6 +138,7 @@ def tp_fwd(
         F=F,
         CONV=conv,
         W_INDEX=widx is not None,
+        PIPELINE=TP_PIPELINE,
         BLOCK_F=block,
         DT=_DT[out.dtype],
     )

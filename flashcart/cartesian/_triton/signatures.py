@@ -93,6 +93,7 @@ def traceable(kernel: Any, probe: Any) -> Any:
 # (0 for a broadcast one-channel input); F1C/F2C: channels of input 1/2; F: output channels.
 # W_INDEX: edge/row e reads weight row widx[e] (widx_ptr, int64), else row e; weight gradients
 # stay per edge/row (the caller sums the edges of each row, see ops.weight_rows_sum).
+# PIPELINE (tp_fwd): load the next edge's operands before computing the current edge's messages.
 TP_FWD = KernelSignature(
     "tp_fwd",
     args=(
@@ -113,7 +114,7 @@ TP_FWD = KernelSignature(
         "F2C",
         "F",
     ),
-    constexprs=("CONV", "W_INDEX", "BLOCK_F", "DT"),
+    constexprs=("CONV", "W_INDEX", "PIPELINE", "BLOCK_F", "DT"),
 )
 # The backward's tensors and their row strides, then the channel arguments (tp_bwd_edge, tp_bwd_csr).
 _BWD_TENSORS = ("go_ptr", "x1_ptr", "x2_ptr", "w_ptr", "widx_ptr", "g1_ptr", "g2_ptr", "gw_ptr")
