@@ -101,10 +101,9 @@
 #   pairsnext one GPU, the next session's first call: GPU parity of compiled calls that really use the pair rows,
 #            the reduce-overhead force call per edge and per pair (about 8 minutes)
 #   pairstrain one GPU: the same for the reduce-overhead training step (two compiles, about 9 minutes)
-#   final4   one GPU: the profiler (reduce-overhead force call and training step, eager force call) with the pairs
-#            on in compiled calls, then the compiled training step's kernel profile (about 9 minutes)
-#   pipeab   one GPU: the pipelined tensor-product forward (FLASHCART_TP_PIPELINE=1) against the plain one: parity,
-#            kernels, reduce-overhead force call (about 7 minutes)
+#   pipeab   one GPU (also named final4): the pipelined tensor-product forward (FLASHCART_TP_PIPELINE=1) against the
+#            plain one: parity, kernels, reduce-overhead force call per pair (about 9 minutes)
+#   final5   one GPU: the profiler's eager force call, the compiled training step's kernels with the pairs (about 5 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
 # Each GPU writes one log per part into OUT (the device tool returns at most 8 files).
@@ -596,14 +595,7 @@ pairstrain)
   timeout 560 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond --calls reduce-overhead \
     --training --rounds 7 --calls-per-round 20 > "$out/pair_calls_training.log" 2>&1
   ;;
-final4)
-  # the profiler's numbers for README's table with the pairs on in compiled calls ("auto"): i2c3f20l2r reduce-overhead
-  # force call and training step, the eager force call; then the compiled training step's kernels per pair
-  (profile_run S reduce-overhead both 200; profile_run S eager inference 60) > "$out/profiler.log" 2>&1
-  timeout 250 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases training --compile-mode default \
-    --repeat 5 --rows 20 > "$out/profile_training.log" 2>&1
-  ;;
-pipeab)
+final4|pipeab)
   # the tensor-product forward's receiver walk software pipelined (FLASHCART_TP_PIPELINE=1) against the plain walk:
   # GPU parity (every product case to second order with the pipelined forward), the kernels on the diamond, the
   # reduce-overhead force call per pair (a process each)
@@ -620,11 +612,18 @@ pipeab)
       --calls reduce-overhead --setting pair --rounds 9 --calls-per-round 50
   done > "$out/calls_pipeline.log" 2>&1
   ;;
+final5)
+  # the eager force call's profiler number for README's table, then the compiled training step's kernels with the
+  # pairs on ("auto")
+  profile_run S eager inference 60 > "$out/profiler.log" 2>&1
+  timeout 250 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases training --compile-mode default \
+    --repeat 5 --rows 20 > "$out/profile_training.log" 2>&1
+  ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5 or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done
