@@ -103,7 +103,8 @@
 #   pairstrain one GPU: the same for the reduce-overhead training step (two compiles, about 9 minutes)
 #   pipeab   one GPU (also named final4): the pipelined tensor-product forward (FLASHCART_TP_PIPELINE=1) against the
 #            plain one: parity, kernels, reduce-overhead force call per pair (about 9 minutes)
-#   final5   one GPU: the profiler's eager force call, the compiled training step's kernels with the pairs (about 5 minutes)
+#   final5   one GPU: the pipelined forward's parity tests, the force call with it on and off (inductor caches off),
+#            the compiled force call's and training step's kernels with it (about 8 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
 # Each GPU writes one log per part into OUT (the device tool returns at most 8 files).
@@ -613,11 +614,16 @@ final4|pipeab)
   done > "$out/calls_pipeline.log" 2>&1
   ;;
 final5)
-  # the eager force call's profiler number for README's table, then the compiled training step's kernels with the
-  # pairs on ("auto")
-  profile_run S eager inference 60 > "$out/profiler.log" 2>&1
-  timeout 250 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases training --compile-mode default \
-    --repeat 5 --rows 20 > "$out/profile_training.log" 2>&1
+  # the pipelined forward's own GPU parity tests; the reduce-overhead force call per pair with the pipeline on and off,
+  # inductor's caches off (so neither process reuses the other's compiled graph); the compiled training step's kernels
+  gpu_tests 0 "tests/cartesian/test_triton_parity.py::test_pipelined_forward_equals_plain:90" > "$out/tests_pipeline.log" 2>&1
+  for p in 1 0; do
+    echo "=== FLASHCART_TP_PIPELINE=$p"
+    FLASHCART_TP_PIPELINE=$p TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 timeout 110 python3 benchmarks/radial_pairs.py --device cuda \
+      --model i2c3f20l2r --structure diamond --calls reduce-overhead --setting pair --rounds 9 --calls-per-round 50
+  done > "$out/calls_pipeline.log" 2>&1
+  FLASHCART_TP_PIPELINE=1 timeout 200 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases inference training \
+    --compile-mode default --repeat 5 --rows 20 > "$out/profile_compiled.log" 2>&1
   ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
