@@ -154,12 +154,12 @@ def test_csr_backward_one_pass_equals_two_kernels(F, device, monkeypatch):
 
 @needs_triton
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("conv", [False, True], ids=["dense", "conv"])
 @pytest.mark.parametrize("F", [3, 20, 70], ids=["F3", "F20", "F70-channel-blocks"])
-def test_pipelined_forward_equals_plain(F, conv, device, monkeypatch):
+def test_pipelined_forward_equals_plain(F, device, monkeypatch):
     """``tp_fwd``'s receiver walk software pipelined (``FLASHCART_TP_PIPELINE=1``: the next edge's
     operands loaded a step ahead) against the plain walk, on a graph with a receiver without
-    edges, weights read through an index, and a second-order check against the PyTorch backend."""
+    edges, weights per edge and read through an index, and a second-order check against the
+    PyTorch backend. (Dense products walk one row per program: they never pipeline.)"""
     import flashcart.cartesian._triton.ops as ops
     from flashcart.cartesian import WeightRows
 
@@ -167,26 +167,19 @@ def test_pipelined_forward_equals_plain(F, conv, device, monkeypatch):
     ref, tri = _pair(TensorProduct, 2, 3, 3, F, 1)
     n_nodes, n_edges = 5, 12
     g = torch.Generator().manual_seed(5)
-    rows = n_edges if conv else n_nodes
     x1 = torch.randn(n_nodes, tri.in1_width, dtype=dtype, generator=g).to(device)
-    x2 = torch.randn(rows, tri.in2_width, dtype=dtype, generator=g).to(device)
-    w = torch.randn(rows, tri.weight_numel, dtype=dtype, generator=g).to(device)
-    graph = _graph(n_nodes, n_edges, device) if conv else ()
-    rows_of = None
-    if conv:  # edges 2k and 2k+1 read row k of six weight rows
-        index = torch.arange(n_edges, device=device) // 2
-        rows_of = WeightRows(index, torch.arange(n_edges, device=device).view(-1, 2))
-    outs = []
+    x2 = torch.randn(n_edges, tri.in2_width, dtype=dtype, generator=g).to(device)
+    w = torch.randn(n_edges, tri.weight_numel, dtype=dtype, generator=g).to(device)
+    graph = _graph(n_nodes, n_edges, device)
+    # edges 2k and 2k+1 read row k of six weight rows
+    shared = WeightRows(torch.arange(n_edges, device=device) // 2, torch.arange(n_edges, device=device).view(-1, 2))
+    outs = {}
     for pipelined in (False, True):
         monkeypatch.setattr(ops, "TP_PIPELINE", pipelined)
-        outs.append(tri(x1, x2, w, *graph))
-        if rows_of is not None:
-            outs.append(tri(x1, x2, w[: n_edges // 2], *graph, weight_rows=rows_of))
-    n = len(outs) // 2
-    for a, b in zip(outs[:n], outs[n:]):
-        assert_close(b, a, 1e-12, "pipelined forward")
-    make = (lambda m: lambda a, b, c: m(a, b, c, *graph)) if conv else (lambda m: m)  # noqa: E731
-    _compare_to_second_order(make(ref), make(tri), [x1, x2, w], dtype)
+        outs[pipelined] = (tri(x1, x2, w, *graph), tri(x1, x2, w[: n_edges // 2], *graph, weight_rows=shared))
+    for plain, piped in zip(outs[False], outs[True]):
+        assert_close(piped, plain, 1e-12, "pipelined forward")
+    _compare_to_second_order(lambda a, b, c: ref(a, b, c, *graph), lambda a, b, c: tri(a, b, c, *graph), [x1, x2, w], dtype)
 
 
 def test_pipeline_mode_from_environment(monkeypatch):

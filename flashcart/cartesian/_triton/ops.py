@@ -138,7 +138,7 @@ def tp_fwd(
         F=F,
         CONV=conv,
         W_INDEX=widx is not None,
-        PIPELINE=TP_PIPELINE,
+        PIPELINE=TP_PIPELINE and conv,  # a dense row is one step: nothing to overlap
         BLOCK_F=block,
         DT=_DT[out.dtype],
     )
