@@ -185,7 +185,7 @@ def test_pipelined_forward_equals_plain(F, device, monkeypatch):
 def test_pipeline_mode_from_environment(monkeypatch):
     from flashcart.cartesian._triton import ops
 
-    for raw, want in (("0", False), ("1", True), ("", False)):
+    for raw, want in (("0", False), ("1", True), ("", True)):
         monkeypatch.setenv("FLASHCART_TP_PIPELINE", raw)
         assert ops._pipeline_mode() is want
     monkeypatch.setenv("FLASHCART_TP_PIPELINE", "on")

@@ -68,10 +68,11 @@ FUSED_CSR_BACKWARD = _csr_backward_mode()
 
 
 def _pipeline_mode() -> bool:
-    """``FLASHCART_TP_PIPELINE``: ``1`` runs the tensor-product forward's receiver walk software
-    pipelined (each step loads the next edge's operands before it computes the current edge's
-    messages); ``0`` (default) loads each edge's operands in its own step."""
-    raw = os.environ.get("FLASHCART_TP_PIPELINE", "0").strip() or "0"
+    """``FLASHCART_TP_PIPELINE``: ``1`` (default) runs the convolution forward's receiver walk
+    software pipelined (each step loads the next edge's operands before it computes the current
+    edge's messages; on the H200 21-27 % faster, RESULTS.md 2026-12-03); ``0`` loads each edge's
+    operands in its own step (fewer registers)."""
+    raw = os.environ.get("FLASHCART_TP_PIPELINE", "1").strip() or "1"
     if raw not in ("0", "1"):
         raise ValueError(f"environment variable FLASHCART_TP_PIPELINE must be 0 or 1, got {raw!r}")
     return raw == "1"
