@@ -105,6 +105,8 @@
 #            plain one: parity, kernels, reduce-overhead force call per pair (about 9 minutes)
 #   final5   one GPU: the pipelined forward's parity tests, the force call with it on and off (inductor caches off),
 #            the compiled force call's and training step's kernels with it (about 8 minutes)
+#   nextgpu  one GPU, the next session's first call: the pipelined forward's F = 70 parity test, the eager profiler,
+#            the compiled training step's kernels, i3c3f64l2's reduce-overhead force call per pair (about 10 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
 # Each GPU writes one log per part into OUT (the device tool returns at most 8 files).
@@ -625,11 +627,22 @@ final5)
   FLASHCART_TP_PIPELINE=1 timeout 200 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases inference training \
     --compile-mode default --repeat 5 --rows 20 > "$out/profile_compiled.log" 2>&1
   ;;
+nextgpu)
+  # the next session's first call: the pipelined forward's channel-block parity test (cut at the limit on 2026-12-03),
+  # the eager force call's profiler number, the compiled training step's kernels with the pairs and the pipeline,
+  # and i3c3f64l2's reduce-overhead force call per pair (its first with both)
+  gpu_tests 0 "tests/cartesian/test_triton_parity.py::test_pipelined_forward_equals_plain:150" > "$out/tests_pipeline.log" 2>&1
+  profile_run S eager inference 60 > "$out/profiler.log" 2>&1
+  timeout 200 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases training --compile-mode default \
+    --repeat 3 --rows 20 > "$out/profile_training.log" 2>&1
+  timeout 150 python3 benchmarks/radial_pairs.py --device cuda --model i3c3f64l2 --structure diamond --calls reduce-overhead \
+    --setting pair --rounds 9 --calls-per-round 20 > "$out/calls_large.log" 2>&1
+  ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5 or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done
