@@ -239,8 +239,8 @@ class TensorProduct(torch.nn.Module):
     def _rows_dense(self, x1: torch.Tensor, x2: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """:meth:`_rows` as dense contractions on row-aligned ``x1 [rows, W1]`` (the convolution's
         already gathered at the senders) and ``x2 [rows, W2]``: a matrix product and a batched one
-        when one input has a single channel (the convolution's edge attributes), an ``einsum``
-        otherwise."""
+        when one input has a single channel (the convolution's edge attributes), otherwise one
+        matrix product of the channels' outer products ``[rows * F, I * J]`` with the couplings."""
         rows = x2.shape[0]
         # a layout row is its rank blocks [2l+1, F] one after the other: [components, F] as a view
         a = x1.reshape(rows, (self.in1_l_max + 1) ** 2, self.in1_features)  # [rows, I, F1]
