@@ -83,23 +83,25 @@ def weight_row(indent: str, edge: str, ptr: str = "pw") -> list[str]:
     ]
 
 
-def _load(name: str, ptr: str, index: str, fvec: str) -> str:
-    return f"{name} = tl.load({ptr} + {index} + {fvec}, mask=fm, other=0.0)"
+def _load(name: str, ptr: str, index: str, fvec: str, mask: str = "fm") -> str:
+    return f"{name} = tl.load({ptr} + {index} + {fvec}, mask={mask}, other=0.0)"
 
 
 def _ranks(paths, attr):
     return sorted({getattr(p, attr) for p in paths})
 
 
-def _load_inputs(lines, paths, indent, a_ptr="pa", b_ptr="pb", need_a=True, need_b=True):
+def _load_inputs(lines, paths, indent, a_ptr="pa", b_ptr="pb", need_a=True, need_b=True, prefix="", mask="fm"):
+    """Append loads of input 1's components ``{prefix}a{l}_{i}`` (from ``a_ptr``) and input 2's
+    ``{prefix}b{l}_{j}`` (from ``b_ptr``) under ``mask``."""
     if need_a:
         for l in _ranks(paths, "l1"):
             for i in range(2 * l + 1):
-                lines.append(indent + _load(f"a{l}_{i}", a_ptr, f"{l * l + i} * F1C", "f1"))
+                lines.append(indent + _load(f"{prefix}a{l}_{i}", a_ptr, f"{l * l + i} * F1C", "f1", mask))
     if need_b:
         for l in _ranks(paths, "l2"):
             for j in range(2 * l + 1):
-                lines.append(indent + _load(f"b{l}_{j}", b_ptr, f"{l * l + j} * F2C", "f2"))
+                lines.append(indent + _load(f"{prefix}b{l}_{j}", b_ptr, f"{l * l + j} * F2C", "f2", mask))
 
 
 def receiver_prologue(I: str) -> list[str]:
@@ -160,16 +162,12 @@ def _fwd_operands(paths, indent: str, edge: str, prefix: str, mask: str) -> list
         f"{indent}else:",
         f"{indent}{_I}wr = {edge}",
         f"{indent}lm = fm & (f * 0 + {edge} < end)",
+        f"{indent}pa = x1_ptr + src * x1_row",
+        f"{indent}pb = x2_ptr + {edge} * x2_row",
+        f"{indent}pw = w_ptr + wr * w_row",
     ]
-    pointers = {"a": "x1_ptr + src * x1_row", "b": f"x2_ptr + {edge} * x2_row", "w": "w_ptr + wr * w_row"}
-    for name in _operand_names(paths):
-        if name[0] == "w":
-            index, channels = f"{int(name[1:])} * F", "f"
-        else:
-            l, i = (int(v) for v in name[1:].split("_"))
-            index, channels = (f"{l * l + i} * F1C", "f1") if name[0] == "a" else (f"{l * l + i} * F2C", "f2")
-        L.append(f"{indent}{prefix}{name} = tl.load({pointers[name[0]]} + {index} + {channels}, mask={mask}, other=0.0)")
-    return L
+    _load_inputs(L, paths, indent, prefix=prefix, mask=mask)
+    return L + [indent + _load(f"{prefix}w{pi}", "pw", f"{pi} * F", "f", mask) for pi in range(len(paths))]
 
 
 def _fwd(paths, offsets, n_out) -> list[str]:
