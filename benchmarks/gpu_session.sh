@@ -107,6 +107,8 @@
 #            the compiled force call's and training step's kernels with it (about 8 minutes)
 #   nextgpu  one GPU, the next session's first call: the pipelined forward's F = 70 parity test, the eager profiler,
 #            the compiled training step's kernels, i3c3f64l2's reduce-overhead force call per pair (about 10 minutes)
+#   linroute one GPU: the linear maps through cuBLAS against the grouped kernel, i3c3f64l2's compiled force-call
+#            kernels, the compiled force call's edge-geometry kernel source (about 7 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
 # Each GPU writes one log per part into OUT (the device tool returns at most 8 files).
@@ -638,11 +640,23 @@ nextgpu)
   timeout 150 python3 benchmarks/radial_pairs.py --device cuda --model i3c3f64l2 --structure diamond --calls reduce-overhead \
     --setting pair --rounds 9 --calls-per-round 20 > "$out/calls_large.log" 2>&1
   ;;
+linroute)
+  # the linear maps through cuBLAS against the grouped kernel (both models), i3c3f64l2's compiled
+  # force-call kernels, and the source of the compiled i2c3f20l2r force call's edge-geometry kernel
+  for m in i3c3f64l2 i2c3f20l2r; do
+    timeout 90 python3 benchmarks/linear_tiles.py --model $m --tiles default --cublas > "$out/linear_$m.log" 2>&1
+  done
+  timeout 200 python3 benchmarks/kernel_profile.py --device cuda --model i3c3f64l2 --phases inference --compile-mode default \
+    --repeat 5 --rows 25 > "$out/profile_large.log" 2>&1
+  TORCHINDUCTOR_CACHE_DIR=/tmp/ic timeout 150 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases inference \
+    --compile-mode default --repeat 3 --rows 40 > "$out/profile_small.log" 2>&1
+  grep -rl "def triton_per_fused_add_arange_clamp" /tmp/ic | head -2 | while read f; do cp "$f" "$out/geometry_$(basename "$f")"; done
+  ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

@@ -17,6 +17,12 @@ training step's extra launch per map) under each split rule of ``ops.WeightGradS
 (about PROGRAMS programs, at least ROWS rows per split; ``0x64``: the first rule,
 ``min(64, rows // 64)`` splits), each layer with its default tiles.
 
+``--cublas`` also times, against the grouped kernel's default tiles, the same maps through cuBLAS:
+the PyTorch backend as a model runs it (``EquivariantLinear._forward_torch``: one ``matmul`` per
+rank on the strided rank views, then ``cat``; the input gradient the same way), and the floor of
+that route, one ``mm`` per rank on operands already packed as contiguous ``[rows * (2l+1), K]``
+matrices (no copies, no ``cat``).
+
 ``--split PROGRAMSxKSTEPS ...`` times the forward and input gradient (each layer with its
 default tiles) under each rule of ``ops.RowMapSplit``: their reduction over paths x channels
 split for about PROGRAMS programs, at least KSTEPS K steps per split (``0x2``: no split, the
@@ -64,6 +70,7 @@ def main() -> None:
     parser.add_argument("--tiles", nargs="+", default=TILES)
     parser.add_argument("--weight-grad", nargs="+", metavar="PROGRAMSxROWS", help="time the weight gradients under these split rules")
     parser.add_argument("--split", nargs="+", metavar="PROGRAMSxKSTEPS", help="time forward + input gradient under these split rules")
+    parser.add_argument("--cublas", action="store_true", help="also time the maps through cuBLAS (PyTorch backend, and packed operands)")
     parser.add_argument("--device", default="cuda", help="cuda; cpu only to smoke-test the script under TRITON_INTERPRET=1")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -109,6 +116,55 @@ def main() -> None:
         diff = max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-30)) for pa, pb in zip(out, reference) for a, b in zip(pa, pb))
         ms = _milliseconds(run, cuda)
         print(f"{raw:<16} {ms:>8.3f} {total_flop / (ms * 1e-3) / 1e12:>8.2f} {diff:>14.2e}")
+    ops.LINEAR_TILES = None
+    if args.cublas:
+        cublas(cases, total_flop, args, reference)
+
+
+def _torch_input_grad(lin: EquivariantLinear, gy: torch.Tensor) -> torch.Tensor:
+    """``dL/dx`` of ``lin._forward_torch`` for ``gy = dL/dy``: one ``matmul`` per rank, then ``cat``."""
+    from flashcart.cartesian._components import dim
+    from flashcart.cartesian._layout import split_ranks
+
+    blocks = split_ranks(gy, lin.out_l_max, lin.out_features)
+    out = []
+    for l, p in enumerate(lin.in_paths):
+        if l < len(lin.weights):
+            out.append(torch.matmul(blocks[l], lin.weights[l] * lin.scales[l]).reshape(gy.shape[0], -1))
+        else:
+            out.append(gy.new_zeros(gy.shape[0], dim(l) * p * lin.in_features))
+    return torch.cat(out, dim=1)
+
+
+def cublas(cases, flop: int, args, reference) -> None:
+    """The same maps through cuBLAS: the PyTorch backend as a model runs it, and one ``mm`` per
+    rank on packed contiguous operands (that route's floor)."""
+    from flashcart.cartesian._layout import split_ranks
+
+    cuda = args.device == "cuda"
+    with torch.no_grad():
+
+        def backend():
+            return [(lin._forward_torch(x), _torch_input_grad(lin, gy)) for lin, w, x, gy in cases]
+
+        out = backend()
+        diff = max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-30)) for pa, pb in zip(out, reference) for a, b in zip(pa, pb))
+        ms = _milliseconds(backend, cuda)
+        print(f"{'torch backend':<16} {ms:>8.3f} {flop / (ms * 1e-3) / 1e12:>8.2f} {diff:>14.2e}")
+        packed = []
+        for lin, w, x, gy in cases:
+            xs = split_ranks(x, lin.in_l_max, lin.in_features, lin.in_paths)
+            gs = split_ranks(gy, lin.out_l_max, lin.out_features)
+            for l, wl in enumerate(lin.weights):
+                wl = (wl * lin.scales[l]).detach()
+                packed.append((xs[l].reshape(-1, xs[l].shape[-1]).contiguous(), gs[l].reshape(-1, gs[l].shape[-1]).contiguous(), wl))
+
+        def floor():
+            return [(a @ wl.T, g @ wl) for a, g, wl in packed]
+
+        floor()
+        ms = _milliseconds(floor, cuda)
+        print(f"{'packed mm':<16} {ms:>8.3f} {flop / (ms * 1e-3) / 1e12:>8.2f} {'-':>14}")
 
 
 def _milliseconds(run, cuda: bool) -> float:
