@@ -107,8 +107,8 @@
 #            the compiled force call's and training step's kernels with it (about 8 minutes)
 #   nextgpu  one GPU, the next session's first call: the pipelined forward's F = 70 parity test, the eager profiler,
 #            the compiled training step's kernels, i3c3f64l2's reduce-overhead force call per pair (about 10 minutes)
-#   linroute one GPU: the linear maps through cuBLAS against the grouped kernel, i3c3f64l2's compiled force-call
-#            kernels, the compiled force call's edge-geometry kernel source (about 7 minutes)
+#   linroute one GPU: the linear maps through cuBLAS against the grouped kernel, GPU tests of the matmul route and
+#            the int16 CSR sort, i3c3f64l2's force call with the maps as matrix products, i2c3f20l2r's (about 9 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
 # Each GPU writes one log per part into OUT (the device tool returns at most 8 files).
@@ -641,16 +641,17 @@ nextgpu)
     --setting pair --rounds 9 --calls-per-round 20 > "$out/calls_large.log" 2>&1
   ;;
 linroute)
-  # the linear maps through cuBLAS against the grouped kernel (both models), i3c3f64l2's compiled
-  # force-call kernels, and the source of the compiled i2c3f20l2r force call's edge-geometry kernel
+  # the linear maps through cuBLAS against the grouped kernel (both models, per map), GPU parity of the
+  # matmul route and the narrower CSR sort, then whole force calls: i3c3f64l2 with every map as matrix
+  # products (against 11.212 ms with the kernel, part nextgpu) and i2c3f20l2r with the int16 CSR sort
+  gpu_tests 0 "tests/cartesian/test_triton_parity.py::test_linear_matmul_route_takes_the_maps_above_its_threshold tests/cartesian/test_operations.py tests/nn/test_edge_pairs.py:150" > "$out/tests.log" 2>&1
   for m in i3c3f64l2 i2c3f20l2r; do
-    timeout 90 python3 benchmarks/linear_tiles.py --model $m --tiles default --cublas > "$out/linear_$m.log" 2>&1
+    timeout 100 python3 benchmarks/linear_tiles.py --model $m --tiles default --cublas > "$out/linear_$m.log" 2>&1
   done
-  timeout 200 python3 benchmarks/kernel_profile.py --device cuda --model i3c3f64l2 --phases inference --compile-mode default \
-    --repeat 5 --rows 25 > "$out/profile_large.log" 2>&1
-  TORCHINDUCTOR_CACHE_DIR=/tmp/ic timeout 150 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases inference \
-    --compile-mode default --repeat 3 --rows 40 > "$out/profile_small.log" 2>&1
-  grep -rl "def triton_per_fused_add_arange_clamp" /tmp/ic | head -2 | while read f; do cp "$f" "$out/geometry_$(basename "$f")"; done
+  FLASHCART_LINEAR_MATMUL=1 timeout 170 python3 benchmarks/radial_pairs.py --device cuda --model i3c3f64l2 --structure diamond \
+    --calls reduce-overhead --setting pair --rounds 9 --calls-per-round 20 > "$out/calls_large_matmul.log" 2>&1
+  timeout 110 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond --calls reduce-overhead \
+    --setting pair --rounds 9 --calls-per-round 50 > "$out/calls_small.log" 2>&1
   ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1

@@ -165,6 +165,12 @@ def cublas(cases, flop: int, args, reference) -> None:
         floor()
         ms = _milliseconds(floor, cuda)
         print(f"{'packed mm':<16} {ms:>8.3f} {flop / (ms * 1e-3) / 1e12:>8.2f} {'-':>14}")
+        print(f"per map (forward + input gradient, ms): {'key':<28} {'MFLOP/row':>9} {'kernel':>8} {'torch':>8}")
+        for lin, w, x, gy in cases:
+            kernel_ms = _milliseconds(lambda: (ops.lin_fwd.op(x, w, lin.launch_table, lin.key), ops.lin_bwd_x.op(gy, w, lin.launch_table, lin.key)), cuda)
+            torch_ms = _milliseconds(lambda: (lin._forward_torch(x), _torch_input_grad(lin, gy)), cuda)
+            per_row = 2 * flops(lin, 1) / 1e6
+            print(f"{'':<40} {lin.key:<28} {per_row:>9.3f} {kernel_ms:>8.3f} {torch_ms:>8.3f}")
 
 
 def _milliseconds(run, cuda: bool) -> float:

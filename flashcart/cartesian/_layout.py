@@ -6,7 +6,7 @@ import torch
 
 from ._components import dim
 
-__all__ = ["split_ranks", "layout_width", "edge_csr"]
+__all__ = ["split_ranks", "layout_width", "edge_csr", "sort_key_dtype"]
 
 
 def layout_width(l_max: int, n_features: int, n_paths: list[int] | None = None) -> int:
@@ -16,14 +16,19 @@ def layout_width(l_max: int, n_features: int, n_paths: list[int] | None = None) 
 
 
 def split_ranks(x: torch.Tensor, l_max: int, n_features: int, n_paths: list[int] | None = None) -> list[torch.Tensor]:
-    """Views ``[rows, 2l+1, paths_l * F]`` of each rank block of ``x: [rows, width]``."""
+    """Views ``[rows, 2l+1, paths_l * F]`` of each rank block of ``x: [rows, width]`` (columns
+    after the last rank block are left out).
+
+    One ``split``, not a slice per rank: the backward of a slice writes a zero-filled tensor of
+    all of ``x``'s width per rank, the backward of ``split`` one concatenation.
+    """
     paths = [1] * (l_max + 1) if n_paths is None else n_paths
-    out, start = [], 0
-    for l, p in enumerate(paths):
-        size = dim(l) * p * n_features
-        out.append(x[:, start : start + size].reshape(x.shape[0], dim(l), p * n_features))
-        start += size
-    return out
+    sizes = [dim(l) * p * n_features for l, p in enumerate(paths)]
+    rest = x.shape[1] - sum(sizes)
+    if rest < 0:
+        raise ValueError(f"split_ranks: rows of width {x.shape[1]} hold fewer than the {sum(sizes)} columns of ranks 0..{l_max}")
+    chunks = x.split(sizes + [rest] if rest else sizes, dim=1)
+    return [c.reshape(x.shape[0], dim(l), p * n_features) for l, (p, c) in enumerate(zip(paths, chunks))]
 
 
 def edge_csr(receivers: torch.Tensor, senders: torch.Tensor, n_nodes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -38,6 +43,20 @@ def edge_csr(receivers: torch.Tensor, senders: torch.Tensor, n_nodes: int) -> tu
     """
     nodes = torch.arange(n_nodes + 1, dtype=receivers.dtype, device=receivers.device)
     rowptr = torch.searchsorted(receivers, nodes)
-    sorted_senders, perm = torch.sort(senders, stable=True)
-    srowptr = torch.searchsorted(sorted_senders, nodes)
+    key = sort_key_dtype(n_nodes)
+    sorted_senders, perm = torch.sort(senders.to(key), stable=True)
+    srowptr = torch.searchsorted(sorted_senders, nodes.to(key))
     return rowptr, perm, srowptr
+
+
+def sort_key_dtype(n_nodes: int) -> torch.dtype:
+    """The narrowest integer type holding the node indices ``0..n_nodes - 1`` and ``n_nodes``.
+
+    A CUDA radix sort makes one pass per 8 key bits: the senders sorted as int16 (up to 32,767
+    nodes) take 2 passes, as int64 8, and the order (stable) is the same.
+    """
+    if n_nodes <= torch.iinfo(torch.int16).max:
+        return torch.int16
+    if n_nodes <= torch.iinfo(torch.int32).max:
+        return torch.int32
+    return torch.int64

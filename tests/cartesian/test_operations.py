@@ -193,10 +193,11 @@ def test_linear_gradcheck_and_gradgradcheck():
     _gradchecks(fn, [x, *w])
 
 
-@pytest.mark.parametrize("n_nodes, n_edges", [(1, 0), (1, 3), (6, 1), (7, 40), (64, 2000)])
+@pytest.mark.parametrize("n_nodes, n_edges", [(1, 0), (1, 3), (6, 1), (7, 40), (64, 2000), (32767, 300), (32768, 300), (40000, 700)])
 def test_edge_csr_against_counts(n_nodes, n_edges):
     """Row pointers (binary searches of the sorted indices) equal the counted ones; ``perm`` sorts
-    the edges by sender, stably; nodes without edges get empty rows."""
+    the edges by sender, stably; nodes without edges get empty rows. The senders are sorted as
+    int16 up to 32,767 nodes and as int32 above (``sort_key_dtype``); every output stays int64."""
     from flashcart.cartesian import edge_csr
 
     g = torch.Generator().manual_seed(n_nodes * 1000 + n_edges)
@@ -208,7 +209,16 @@ def test_edge_csr_against_counts(n_nodes, n_edges):
     zero = torch.zeros(1, dtype=torch.long)
     assert torch.equal(rowptr, torch.cat([zero, count_r.cumsum(0)]))
     assert torch.equal(srowptr, torch.cat([zero, count_s.cumsum(0)]))
+    assert rowptr.dtype == perm.dtype == srowptr.dtype == torch.int64
     assert torch.equal(senders[perm], torch.sort(senders).values)
-    for node in range(n_nodes):  # stable: a sender's edges keep their order
+    for node in senders.unique().tolist():  # stable: a sender's edges keep their order
         mine = perm[srowptr[node] : srowptr[node + 1]]
         assert torch.equal(mine, torch.sort(mine).values) and bool((senders[mine] == node).all())
+
+
+def test_sort_key_dtype_holds_every_index():
+    from flashcart.cartesian._layout import sort_key_dtype
+
+    assert sort_key_dtype(1) == sort_key_dtype(32767) == torch.int16
+    assert sort_key_dtype(32768) == sort_key_dtype(2**31 - 1) == torch.int32
+    assert sort_key_dtype(2**31) == torch.int64

@@ -245,6 +245,57 @@ def test_linear_parity_for_other_tile_shapes(device, tiles, monkeypatch):
 
 @needs_triton
 @pytest.mark.parametrize("device", DEVICES)
+def test_linear_matmul_route_takes_the_maps_above_its_threshold(device, monkeypatch):
+    """FLASHCART_LINEAR_MATMUL: maps at or above the threshold (FLOP per row of the forward) run
+    as one matrix product per rank, the others through the grouped kernel; both give the kernel
+    path's output and gradients (float64, 1e-12), and the kernel is launched only for the maps
+    below the threshold."""
+    import flashcart.cartesian._triton.ops as ops
+
+    small = EquivariantLinear(1, 1, 3, 4, backend="triton").to(device, torch.float64)  # 2 * (3 + 3 * 3) * 4 = 96 FLOP per row
+    large = EquivariantLinear(3, 2, 9, 20, in_paths=[2, 3, 1, 2], backend="triton").to(device, torch.float64)
+    assert ops.linear_flops_per_row(small.key) == 96
+    assert ops.linear_flops_per_row(large.key) == 2 * 20 * (18 + 3 * 27 + 5 * 9)
+    x_small = torch.randn(11, small.in_width, dtype=torch.float64, device=device)
+    x_large = torch.randn(11, large.in_width, dtype=torch.float64, device=device)
+
+    def results():
+        out = []
+        for m, x in ((small, x_small), (large, x_large)):
+            xi = x.clone().requires_grad_()
+            y = m(xi)
+            out.append((y, *torch.autograd.grad(y, [xi, *m.weights], torch.ones_like(y) + y.detach())))
+        return out
+
+    launched = []
+    real = ops._launch_grouped
+    monkeypatch.setattr(ops, "_launch_grouped", lambda a, b, c, table, key, *rest, **kw: (launched.append(key), real(a, b, c, table, key, *rest, **kw))[1])
+    monkeypatch.setattr(ops, "LINEAR_MATMUL", None)
+    kernel = results()
+    assert set(launched) == {small.key, large.key}
+    launched.clear()
+    monkeypatch.setattr(ops, "LINEAR_MATMUL", 97.0)
+    routed = results()
+    assert set(launched) == {small.key}
+    for a, b in zip(kernel, routed):
+        for u, v in zip(a, b):
+            assert_close(v, u, 1e-12, "linear map as matrix products")
+
+
+def test_linear_matmul_mode_from_environment(monkeypatch):
+    from flashcart.cartesian._triton import ops
+
+    for raw, want in (("0", None), ("", None), ("1", 0.0), ("100kF", 1e5), ("2.5kF", 2500.0)):
+        monkeypatch.setenv("FLASHCART_LINEAR_MATMUL", raw)
+        assert ops._linear_matmul_mode() == want
+    for raw in ("on", "100", "-1kF", "xkF"):
+        monkeypatch.setenv("FLASHCART_LINEAR_MATMUL", raw)
+        with pytest.raises(ValueError, match=f"FLASHCART_LINEAR_MATMUL must be 0, 1 or a threshold like 100kF, got '{raw}'"):
+            ops._linear_matmul_mode()
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("rule, splits", [((0, 64), 1), ((2048, 8), 4), ((2048, 1), 37), ((6, 1), 2)])
 def test_weight_gradient_split_rules(device, rule, splits, monkeypatch):
     """The weight gradient's reduction split into partial sums (ops.WeightGradSplit: a programs

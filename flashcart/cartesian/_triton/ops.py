@@ -810,8 +810,42 @@ def flat_weights(weights: torch.nn.ParameterList) -> Tensor:
     return torch._C._nn.flatten_dense_tensors(list(params.values()))
 
 
+def _linear_matmul_mode() -> float | None:
+    """``FLASHCART_LINEAR_MATMUL``: which linear maps of the Triton path run their ranks as
+    PyTorch matrix products (cuBLAS on CUDA; ``EquivariantLinear._forward_torch``) instead of the
+    grouped-matmul kernel. ``0`` (default): none; ``1``: all; a number ``X`` with a unit, ``XkF``
+    (for example ``100kF``): the maps doing at least ``X`` thousand floating-point operations per
+    row in their forward (``linear_flops_per_row``)."""
+    raw = os.environ.get("FLASHCART_LINEAR_MATMUL", "0").strip() or "0"
+    if raw == "0":
+        return None
+    if raw == "1":
+        return 0.0
+    if raw.endswith("kF"):
+        try:
+            value = float(raw[:-2])
+        except ValueError:
+            value = -1.0
+        if value >= 0:
+            return value * 1e3
+    raise ValueError(f"environment variable FLASHCART_LINEAR_MATMUL must be 0, 1 or a threshold like 100kF, got {raw!r}")
+
+
+# Read at import; benchmarks and tests assign the module attribute (None: the kernel for every map).
+LINEAR_MATMUL = _linear_matmul_mode()
+
+
+def linear_flops_per_row(key: str) -> int:
+    """Floating-point operations of linear map ``key``'s forward per row (2 per multiply-add)."""
+    s = linear_spec(key)
+    return sum(2 * (2 * l + 1) * s.k[l] * s.f_out for l in range(s.n_mixed))
+
+
 def equivariant_linear(lin, x: Tensor) -> Tensor:
-    """Triton path of :class:`~flashcart.cartesian.EquivariantLinear`: all ranks in one launch."""
+    """Triton path of :class:`~flashcart.cartesian.EquivariantLinear`: all ranks in one launch,
+    or, for maps at or above the ``FLASHCART_LINEAR_MATMUL`` threshold, one matrix product per rank."""
+    if LINEAR_MATMUL is not None and linear_flops_per_row(lin.key) >= LINEAR_MATMUL:
+        return lin._forward_torch(x)
     w = flat_weights(lin.weights) if len(lin.weights) else x.new_zeros(0)
     return lin_fwd(x, w, lin.launch_table, lin.key)
 
