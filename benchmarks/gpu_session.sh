@@ -109,6 +109,7 @@
 #            the compiled training step's kernels, i3c3f64l2's reduce-overhead force call per pair (about 10 minutes)
 #   linroute one GPU: the linear maps through cuBLAS against the grouped kernel, GPU tests of the matmul route and
 #            the int16 CSR sort, i3c3f64l2's force call with the maps as matrix products, i2c3f20l2r's (about 9 minutes)
+#   matmulab one GPU: i3c3f64l2's reduce-overhead force call with FLASHCART_LINEAR_MATMUL=scalar and =0 (about 4 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
 # Each GPU writes one log per part into OUT (the device tool returns at most 8 files).
@@ -653,11 +654,19 @@ linroute)
   timeout 110 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond --calls reduce-overhead \
     --setting pair --rounds 9 --calls-per-round 50 > "$out/calls_small.log" 2>&1
   ;;
+matmulab)
+  # i3c3f64l2's force call with its rank-0 maps as cuBLAS products (FLASHCART_LINEAR_MATMUL=scalar, the
+  # default) and with every map through the grouped kernel (=0), a process each
+  for mode in scalar 0; do
+    FLASHCART_LINEAR_MATMUL=$mode timeout 160 python3 benchmarks/radial_pairs.py --device cuda --model i3c3f64l2 --structure diamond \
+      --calls reduce-overhead --setting pair --rounds 7 --calls-per-round 20 > "$out/calls_large_$mode.log" 2>&1
+  done
+  ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

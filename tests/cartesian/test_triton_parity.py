@@ -245,23 +245,25 @@ def test_linear_parity_for_other_tile_shapes(device, tiles, monkeypatch):
 
 @needs_triton
 @pytest.mark.parametrize("device", DEVICES)
-def test_linear_matmul_route_takes_the_maps_above_its_threshold(device, monkeypatch):
-    """FLASHCART_LINEAR_MATMUL: maps at or above the threshold (FLOP per row of the forward) run
-    as one matrix product per rank, the others through the grouped kernel; both give the kernel
-    path's output and gradients (float64, 1e-12), and the kernel is launched only for the maps
-    below the threshold."""
+def test_linear_matmul_route_takes_the_maps_it_names(device, monkeypatch):
+    """FLASHCART_LINEAR_MATMUL: ``scalar`` runs the maps mixing rank 0 only, with at least
+    ``MATMUL_MIN_FLOPS`` per row, as matrix products and the others through the grouped kernel,
+    ``1`` every map, ``0`` none; all give the kernel path's output and gradients (float64, 1e-12),
+    and the kernel is launched for exactly the maps not routed."""
     import flashcart.cartesian._triton.ops as ops
 
-    small = EquivariantLinear(1, 1, 3, 4, backend="triton").to(device, torch.float64)  # 2 * (3 + 3 * 3) * 4 = 96 FLOP per row
-    large = EquivariantLinear(3, 2, 9, 20, in_paths=[2, 3, 1, 2], backend="triton").to(device, torch.float64)
-    assert ops.linear_flops_per_row(small.key) == 96
-    assert ops.linear_flops_per_row(large.key) == 2 * 20 * (18 + 3 * 27 + 5 * 9)
-    x_small = torch.randn(11, small.in_width, dtype=torch.float64, device=device)
-    x_large = torch.randn(11, large.in_width, dtype=torch.float64, device=device)
+    monkeypatch.setattr(ops, "MATMUL_MIN_FLOPS", 96)
+    small = EquivariantLinear(0, 0, 3, 4, backend="triton").to(device, torch.float64)  # 2 * 3 * 4 = 24 FLOP per row
+    scalar = EquivariantLinear(2, 0, 4, 6, backend="triton").to(device, torch.float64)  # mixes rank 0 only; 2 * 4 * 6 = 48: below
+    scalar_wide = EquivariantLinear(0, 3, 8, 6, in_paths=[2], backend="triton").to(device, torch.float64)  # 2 * 16 * 6 = 192
+    ranks = EquivariantLinear(3, 2, 9, 20, in_paths=[2, 3, 1, 2], backend="triton").to(device, torch.float64)
+    maps = (small, scalar, scalar_wide, ranks)
+    assert [ops.linear_flops_per_row(m) for m in maps] == [24, 48, 192, 2 * 20 * (18 + 3 * 27 + 5 * 9)]
+    xs = [torch.randn(11, m.in_width, dtype=torch.float64, device=device) for m in maps]
 
     def results():
         out = []
-        for m, x in ((small, x_small), (large, x_large)):
+        for m, x in zip(maps, xs):
             xi = x.clone().requires_grad_()
             y = m(xi)
             out.append((y, *torch.autograd.grad(y, [xi, *m.weights], torch.ones_like(y) + y.detach())))
@@ -270,27 +272,28 @@ def test_linear_matmul_route_takes_the_maps_above_its_threshold(device, monkeypa
     launched = []
     real = ops._launch_grouped
     monkeypatch.setattr(ops, "_launch_grouped", lambda a, b, c, table, key, *rest, **kw: (launched.append(key), real(a, b, c, table, key, *rest, **kw))[1])
-    monkeypatch.setattr(ops, "LINEAR_MATMUL", None)
-    kernel = results()
-    assert set(launched) == {small.key, large.key}
-    launched.clear()
-    monkeypatch.setattr(ops, "LINEAR_MATMUL", 97.0)
-    routed = results()
-    assert set(launched) == {small.key}
-    for a, b in zip(kernel, routed):
-        for u, v in zip(a, b):
-            assert_close(v, u, 1e-12, "linear map as matrix products")
+    expected = {"0": {m.key for m in maps}, "scalar": {small.key, scalar.key, ranks.key}, "1": set()}
+    outs = {}
+    for mode, keys in expected.items():
+        launched.clear()
+        monkeypatch.setattr(ops, "LINEAR_MATMUL", mode)
+        outs[mode] = results()
+        assert set(launched) == keys, mode
+    for mode in ("scalar", "1"):
+        for a, b in zip(outs["0"], outs[mode]):
+            for u, v in zip(a, b):
+                assert_close(v, u, 1e-12, f"linear maps with FLASHCART_LINEAR_MATMUL={mode}")
 
 
 def test_linear_matmul_mode_from_environment(monkeypatch):
     from flashcart.cartesian._triton import ops
 
-    for raw, want in (("0", None), ("", None), ("1", 0.0), ("100kF", 1e5), ("2.5kF", 2500.0)):
+    for raw, want in (("0", "0"), ("", "scalar"), ("1", "1"), ("scalar", "scalar")):
         monkeypatch.setenv("FLASHCART_LINEAR_MATMUL", raw)
         assert ops._linear_matmul_mode() == want
-    for raw in ("on", "100", "-1kF", "xkF"):
+    for raw in ("on", "100", "100kF"):
         monkeypatch.setenv("FLASHCART_LINEAR_MATMUL", raw)
-        with pytest.raises(ValueError, match=f"FLASHCART_LINEAR_MATMUL must be 0, 1 or a threshold like 100kF, got '{raw}'"):
+        with pytest.raises(ValueError, match=f"FLASHCART_LINEAR_MATMUL must be 0, 1 or scalar, got '{raw}'"):
             ops._linear_matmul_mode()
 
 

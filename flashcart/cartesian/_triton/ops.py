@@ -810,41 +810,45 @@ def flat_weights(weights: torch.nn.ParameterList) -> Tensor:
     return torch._C._nn.flatten_dense_tensors(list(params.values()))
 
 
-def _linear_matmul_mode() -> float | None:
-    """``FLASHCART_LINEAR_MATMUL``: which linear maps of the Triton path run their ranks as
-    PyTorch matrix products (cuBLAS on CUDA; ``EquivariantLinear._forward_torch``) instead of the
-    grouped-matmul kernel. ``0`` (default): none; ``1``: all; a number ``X`` with a unit, ``XkF``
-    (for example ``100kF``): the maps doing at least ``X`` thousand floating-point operations per
-    row in their forward (``linear_flops_per_row``)."""
-    raw = os.environ.get("FLASHCART_LINEAR_MATMUL", "0").strip() or "0"
-    if raw == "0":
-        return None
-    if raw == "1":
-        return 0.0
-    if raw.endswith("kF"):
-        try:
-            value = float(raw[:-2])
-        except ValueError:
-            value = -1.0
-        if value >= 0:
-            return value * 1e3
-    raise ValueError(f"environment variable FLASHCART_LINEAR_MATMUL must be 0, 1 or a threshold like 100kF, got {raw!r}")
+def _linear_matmul_mode() -> str:
+    """``FLASHCART_LINEAR_MATMUL``: which linear maps of the Triton path run their ranks as PyTorch
+    matrix products (cuBLAS on CUDA; ``EquivariantLinear._forward_torch``) instead of the
+    grouped-matmul kernel. ``scalar`` (default): the maps that mix rank 0 only, with at least
+    ``MATMUL_MIN_FLOPS`` per row (``linear_flops_per_row``); ``0``: none; ``1``: all."""
+    raw = os.environ.get("FLASHCART_LINEAR_MATMUL", "scalar").strip() or "scalar"
+    if raw not in ("0", "1", "scalar"):
+        raise ValueError(f"environment variable FLASHCART_LINEAR_MATMUL must be 0, 1 or scalar, got {raw!r}")
+    return raw
 
 
-# Read at import; benchmarks and tests assign the module attribute (None: the kernel for every map).
+# Read at import; benchmarks and tests assign the module attribute.
 LINEAR_MATMUL = _linear_matmul_mode()
+# On the H200 (RESULTS.md, 2026-12-03) a rank-0 map of 64 channels in and out (8,192 FLOP per
+# row) took 0.012-0.023 ms for forward and input gradient at 1000 rows through cuBLAS against
+# 0.039-0.069 ms through the kernel, whose 64 x 64 tiles leave 16 programs; at 20 channels (800
+# FLOP per row) the kernel was faster (0.011 against 0.016 ms), and so it was for every map
+# mixing higher ranks, whose rank blocks cuBLAS only reads after a copy.
+MATMUL_MIN_FLOPS = 8192
 
 
-def linear_flops_per_row(key: str) -> int:
-    """Floating-point operations of linear map ``key``'s forward per row (2 per multiply-add)."""
-    s = linear_spec(key)
-    return sum(2 * (2 * l + 1) * s.k[l] * s.f_out for l in range(s.n_mixed))
+def linear_flops_per_row(lin) -> int:
+    """Floating-point operations of linear map ``lin``'s forward per row (2 per multiply-add).
+    Read from the layer's attributes (no cached spec lookup, which dynamo would warn about)."""
+    n_mixed = min(lin.in_l_max, lin.out_l_max) + 1
+    return sum(2 * (2 * l + 1) * lin.in_paths[l] * lin.in_features * lin.out_features for l in range(n_mixed))
+
+
+def linear_as_matmul(lin) -> bool:
+    """Whether linear map ``lin`` runs as matrix products (``FLASHCART_LINEAR_MATMUL``)."""
+    if LINEAR_MATMUL == "scalar":
+        return min(lin.in_l_max, lin.out_l_max) == 0 and linear_flops_per_row(lin) >= MATMUL_MIN_FLOPS
+    return LINEAR_MATMUL == "1"
 
 
 def equivariant_linear(lin, x: Tensor) -> Tensor:
     """Triton path of :class:`~flashcart.cartesian.EquivariantLinear`: all ranks in one launch,
-    or, for maps at or above the ``FLASHCART_LINEAR_MATMUL`` threshold, one matrix product per rank."""
-    if LINEAR_MATMUL is not None and linear_flops_per_row(lin.key) >= LINEAR_MATMUL:
+    or the PyTorch backend's matrix products for the maps ``linear_as_matmul`` names."""
+    if linear_as_matmul(lin):
         return lin._forward_torch(x)
     w = flat_weights(lin.weights) if len(lin.weights) else x.new_zeros(0)
     return lin_fwd(x, w, lin.launch_table, lin.key)
