@@ -152,7 +152,7 @@ def cublas(cases, flop: int, args, reference) -> None:
         ms = _milliseconds(backend, cuda)
         print(f"{'torch backend':<16} {ms:>8.3f} {flop / (ms * 1e-3) / 1e12:>8.2f} {diff:>14.2e}")
         packed = []
-        for lin, w, x, gy in cases:
+        for lin, _w, x, gy in cases:
             xs = split_ranks(x, lin.in_l_max, lin.in_features, lin.in_paths)
             gs = split_ranks(gy, lin.out_l_max, lin.out_features)
             for l, wl in enumerate(lin.weights):
@@ -167,7 +167,8 @@ def cublas(cases, flop: int, args, reference) -> None:
         print(f"{'packed mm':<16} {ms:>8.3f} {flop / (ms * 1e-3) / 1e12:>8.2f} {'-':>14}")
         print(f"per map (forward + input gradient, ms): {'key':<28} {'MFLOP/row':>9} {'kernel':>8} {'torch':>8}")
         for lin, w, x, gy in cases:
-            kernel_ms = _milliseconds(lambda: (ops.lin_fwd.op(x, w, lin.launch_table, lin.key), ops.lin_bwd_x.op(gy, w, lin.launch_table, lin.key)), cuda)
+            table, key = lin.launch_table, lin.key
+            kernel_ms = _milliseconds(lambda: (ops.lin_fwd.op(x, w, table, key), ops.lin_bwd_x.op(gy, w, table, key)), cuda)
             torch_ms = _milliseconds(lambda: (lin._forward_torch(x), _torch_input_grad(lin, gy)), cuda)
             per_row = 2 * flops(lin, 1) / 1e6
             print(f"{'':<40} {lin.key:<28} {per_row:>9.3f} {kernel_ms:>8.3f} {torch_ms:>8.3f}")

@@ -271,7 +271,12 @@ def test_linear_matmul_route_takes_the_maps_it_names(device, monkeypatch):
 
     launched = []
     real = ops._launch_grouped
-    monkeypatch.setattr(ops, "_launch_grouped", lambda a, b, c, table, key, *rest, **kw: (launched.append(key), real(a, b, c, table, key, *rest, **kw))[1])
+
+    def counted(a, b, c, table, key, *rest, **kw):
+        launched.append(key)
+        return real(a, b, c, table, key, *rest, **kw)
+
+    monkeypatch.setattr(ops, "_launch_grouped", counted)
     expected = {"0": {m.key for m in maps}, "scalar": {small.key, scalar.key, ranks.key}, "1": set()}
     outs = {}
     for mode, keys in expected.items():
