@@ -110,6 +110,8 @@
 #   linroute one GPU: the linear maps through cuBLAS against the grouped kernel, GPU tests of the matmul route and
 #            the int16 CSR sort, i3c3f64l2's force call with the maps as matrix products, i2c3f20l2r's (about 9 minutes)
 #   matmulab one GPU: i3c3f64l2's reduce-overhead force call with FLASHCART_LINEAR_MATMUL=scalar and =0 (about 4 minutes)
+#   nextmatmul one GPU, the next session's first call: the matmul route's and the edge pairs' GPU tests, then
+#            matmulab's A/B on one machine (about 9 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
 # Each GPU writes one log per part into OUT (the device tool returns at most 8 files).
@@ -662,11 +664,21 @@ matmulab)
       --calls reduce-overhead --setting pair --rounds 7 --calls-per-round 20 > "$out/calls_large_$mode.log" 2>&1
   done
   ;;
+nextmatmul)
+  # the next session's first call: the matmul route's GPU test in its scalar form and the edge-pair GPU
+  # tests (cut at the limit on 2026-12-03), then the same-machine A/B of FLASHCART_LINEAR_MATMUL that
+  # part matmulab could not finish
+  gpu_tests 0 "tests/cartesian/test_triton_parity.py::test_linear_matmul_route_takes_the_maps_it_names tests/nn/test_edge_pairs.py:200" > "$out/tests.log" 2>&1
+  for mode in scalar 0; do
+    FLASHCART_LINEAR_MATMUL=$mode timeout 170 python3 benchmarks/radial_pairs.py --device cuda --model i3c3f64l2 --structure diamond \
+      --calls reduce-overhead --setting pair --rounds 7 --calls-per-round 20 > "$out/calls_large_$mode.log" 2>&1
+  done
+  ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done
