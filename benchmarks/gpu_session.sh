@@ -112,6 +112,7 @@
 #   matmulab one GPU: i3c3f64l2's reduce-overhead force call with FLASHCART_LINEAR_MATMUL=scalar and =0 (about 4 minutes)
 #   nextmatmul one GPU, the next session's first call: the matmul route's and the edge pairs' GPU tests, then
 #            matmulab's A/B on one machine (about 9 minutes)
+#   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
 # Each GPU writes one log per part into OUT (the device tool returns at most 8 files).
@@ -674,11 +675,18 @@ nextmatmul)
       --calls reduce-overhead --setting pair --rounds 7 --calls-per-round 20 > "$out/calls_large_$mode.log" 2>&1
   done
   ;;
+geomdump)
+  # the compiled i2c3f20l2r force call's kernels with inductor's sources kept: its edge-geometry kernel
+  # (triton_per_fused_add_arange_clamp_..._cos_..., 0.097 ms for 158,000 edges, one launch) comes back
+  TORCHINDUCTOR_CACHE_DIR=/tmp/ic timeout 200 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases inference \
+    --compile-mode default --repeat 3 --rows 40 > "$out/profile_small.log" 2>&1
+  grep -rl "def triton_per_fused_add_arange_clamp" /tmp/ic | head -2 | while read f; do cp "$f" "$out/geometry_$(basename "$f")"; done
+  ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, geomdump or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done
