@@ -149,6 +149,13 @@ profile_run() {  # MODEL (S or L) MODE (eager or a compile mode) PHASE SECONDS: 
   timeout "$4" bash benchmarks/profile_diamond.sh $opts $extra 2>&1 | grep -E "^\[|parameters|s/run|Error"
 }
 
+matmul_ab() {  # SECONDS per process: i3c3f64l2's reduce-overhead force call with FLASHCART_LINEAR_MATMUL=scalar, then =0
+  for mode in scalar 0; do
+    FLASHCART_LINEAR_MATMUL=$mode timeout "$1" python3 benchmarks/radial_pairs.py --device cuda --model i3c3f64l2 --structure diamond \
+      --calls reduce-overhead --setting pair --rounds 7 --calls-per-round 20 > "$out/calls_large_$mode.log" 2>&1
+  done
+}
+
 md_graph() {  # STRUCTURE SECONDS NOTE [md_vs_profile options]: ASE and OpenMM MD with the graph step, i2c3f20l2r, reduce-overhead
   local st=$1 t=$2 note=$3; shift 3
   echo "=== md $st (graph step, $note)"
@@ -648,7 +655,7 @@ linroute)
   # the linear maps through cuBLAS against the grouped kernel (both models, per map), GPU parity of the
   # matmul route and the narrower CSR sort, then whole force calls: i3c3f64l2 with every map as matrix
   # products (against 11.212 ms with the kernel, part nextgpu) and i2c3f20l2r with the int16 CSR sort
-  gpu_tests 0 "tests/cartesian/test_triton_parity.py::test_linear_matmul_route_takes_the_maps_above_its_threshold tests/cartesian/test_operations.py tests/nn/test_edge_pairs.py:150" > "$out/tests.log" 2>&1
+  gpu_tests 0 "tests/cartesian/test_triton_parity.py::test_linear_matmul_route_takes_the_maps_it_names tests/cartesian/test_operations.py tests/nn/test_edge_pairs.py:150" > "$out/tests.log" 2>&1
   for m in i3c3f64l2 i2c3f20l2r; do
     timeout 100 python3 benchmarks/linear_tiles.py --model $m --tiles default --cublas > "$out/linear_$m.log" 2>&1
   done
@@ -660,20 +667,14 @@ linroute)
 matmulab)
   # i3c3f64l2's force call with its rank-0 maps as cuBLAS products (FLASHCART_LINEAR_MATMUL=scalar, the
   # default) and with every map through the grouped kernel (=0), a process each
-  for mode in scalar 0; do
-    FLASHCART_LINEAR_MATMUL=$mode timeout 160 python3 benchmarks/radial_pairs.py --device cuda --model i3c3f64l2 --structure diamond \
-      --calls reduce-overhead --setting pair --rounds 7 --calls-per-round 20 > "$out/calls_large_$mode.log" 2>&1
-  done
+  matmul_ab 160
   ;;
 nextmatmul)
   # the next session's first call: the matmul route's GPU test in its scalar form and the edge-pair GPU
   # tests (cut at the limit on 2026-12-03), then the same-machine A/B of FLASHCART_LINEAR_MATMUL that
   # part matmulab could not finish
   gpu_tests 0 "tests/cartesian/test_triton_parity.py::test_linear_matmul_route_takes_the_maps_it_names tests/nn/test_edge_pairs.py:200" > "$out/tests.log" 2>&1
-  for mode in scalar 0; do
-    FLASHCART_LINEAR_MATMUL=$mode timeout 170 python3 benchmarks/radial_pairs.py --device cuda --model i3c3f64l2 --structure diamond \
-      --calls reduce-overhead --setting pair --rounds 7 --calls-per-round 20 > "$out/calls_large_$mode.log" 2>&1
-  done
+  matmul_ab 170
   ;;
 geomdump)
   # the compiled i2c3f20l2r force call's kernels with inductor's sources kept: its edge-geometry kernel

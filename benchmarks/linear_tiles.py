@@ -170,7 +170,7 @@ def cublas(cases, flop: int, args, reference) -> None:
             table, key = lin.launch_table, lin.key
             kernel_ms = _milliseconds(lambda: (ops.lin_fwd.op(x, w, table, key), ops.lin_bwd_x.op(gy, w, table, key)), cuda)
             torch_ms = _milliseconds(lambda: (lin._forward_torch(x), _torch_input_grad(lin, gy)), cuda)
-            per_row = 2 * flops(lin, 1) / 1e6
+            per_row = 2 * ops.linear_flops_per_row(lin) / 1e6  # forward and input gradient, the routing rule's count
             print(f"{'':<40} {lin.key:<28} {per_row:>9.3f} {kernel_ms:>8.3f} {torch_ms:>8.3f}")
 
 
