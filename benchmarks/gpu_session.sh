@@ -112,6 +112,9 @@
 #   matmulab one GPU: i3c3f64l2's reduce-overhead force call with FLASHCART_LINEAR_MATMUL=scalar and =0 (about 4 minutes)
 #   nextmatmul one GPU, the next session's first call: the matmul route's and the edge pairs' GPU tests, then
 #            matmulab's A/B on one machine (about 9 minutes)
+#   rowsum   one GPU: the weight-row sums in the kernels against the separate pass: GPU parity, force call A/B (about 7 minutes)
+#   rowtrain one GPU: the compiled training step's kernels with the weight-row sums in the kernels and in a pass (about 7 minutes)
+#   splits   one GPU: the convolution kernels with each node's edges split over programs: parity, kernels, force call (about 8 minutes)
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -154,6 +157,13 @@ matmul_ab() {  # SECONDS per process: i3c3f64l2's reduce-overhead force call wit
     FLASHCART_LINEAR_MATMUL=$mode timeout "$1" python3 benchmarks/radial_pairs.py --device cuda --model i3c3f64l2 --structure diamond \
       --calls reduce-overhead --setting pair --rounds 7 --calls-per-round 20 > "$out/calls_large_$mode.log" 2>&1
   done
+}
+
+geomdump() {  # SECONDS: the compiled i2c3f20l2r force call's kernels with inductor's sources kept; its edge-geometry
+  # kernel (triton_per_fused_add_arange_clamp_..._cos_..., 0.097 ms for 158,000 edges, one launch) comes back
+  TORCHINDUCTOR_CACHE_DIR=/tmp/ic timeout "$1" python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases inference \
+    --compile-mode default --repeat 3 --rows 40 > "$out/profile_small.log" 2>&1
+  grep -rl "def triton_per_fused_add_arange_clamp" /tmp/ic | head -2 | while read f; do cp "$f" "$out/geometry_$(basename "$f")"; done
 }
 
 md_graph() {  # STRUCTURE SECONDS NOTE [md_vs_profile options]: ASE and OpenMM MD with the graph step, i2c3f20l2r, reduce-overhead
@@ -676,18 +686,44 @@ nextmatmul)
   gpu_tests 0 "tests/cartesian/test_triton_parity.py::test_linear_matmul_route_takes_the_maps_it_names tests/nn/test_edge_pairs.py:200" > "$out/tests.log" 2>&1
   matmul_ab 170
   ;;
+rowsum)
+  # the kernels add each edge's weight gradient into its pair row (FLASHCART_WEIGHT_ROW_SUM=atomic, default) against
+  # the separate row-sum pass (=pass): GPU parity (bit-equal float32 row sums, second order in float64) with the matmul
+  # route's scalar-form test, then i2c3f20l2r's reduce-overhead force call per pair, a process each, caches off
+  gpu_tests 0 "tests/cartesian/test_weight_rows.py tests/cartesian/test_triton_parity.py::test_linear_matmul_route_takes_the_maps_it_names:150" > "$out/tests.log" 2>&1
+  for m in atomic pass; do
+    echo "=== FLASHCART_WEIGHT_ROW_SUM=$m"
+    FLASHCART_WEIGHT_ROW_SUM=$m TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 timeout 120 python3 benchmarks/radial_pairs.py --device cuda \
+      --model i2c3f20l2r --structure diamond --calls reduce-overhead --setting pair --rounds 9 --calls-per-round 50
+  done > "$out/calls_rowsum.log" 2>&1
+  ;;
+rowtrain)
+  # the compiled training step's kernels with the weight-row sums in the kernels (=atomic) and in their own pass (=pass)
+  for m in atomic pass; do
+    FLASHCART_WEIGHT_ROW_SUM=$m timeout 210 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases training \
+      --compile-mode default --repeat 3 --rows 25 > "$out/profile_training_$m.log" 2>&1
+  done
+  ;;
+splits)
+  # each node's edges walked by several programs (FLASHCART_TP_SPLITS): GPU parity (with the weight-row determinism
+  # test), the convolution kernels at 1, 4, 2 and 8 splits (as far as the limit allows), then i2c3f20l2r's reduce-overhead force call per pair at
+  # 1 and 4 splits (a process each, caches off)
+  gpu_tests 0 "tests/cartesian/test_triton_parity.py::test_split_walks_equal_the_reference tests/cartesian/test_weight_rows.py::test_kernels_sum_rows_deterministically:100" > "$out/tests.log" 2>&1
+  timeout 170 python3 benchmarks/kernels.py --features 20 64 --out-l-max 3 --backends triton --dbwd fused --splits 1 4 2 8 > "$out/kernels_splits.log" 2>&1
+  for n in 1 4; do
+    echo "=== FLASHCART_TP_SPLITS=$n"
+    FLASHCART_TP_SPLITS=$n TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 timeout 110 python3 benchmarks/radial_pairs.py --device cuda \
+      --model i2c3f20l2r --structure diamond --calls reduce-overhead --setting pair --rounds 9 --calls-per-round 50
+  done > "$out/calls_splits.log" 2>&1
+  ;;
 geomdump)
-  # the compiled i2c3f20l2r force call's kernels with inductor's sources kept: its edge-geometry kernel
-  # (triton_per_fused_add_arange_clamp_..._cos_..., 0.097 ms for 158,000 edges, one launch) comes back
-  TORCHINDUCTOR_CACHE_DIR=/tmp/ic timeout 200 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases inference \
-    --compile-mode default --repeat 3 --rows 40 > "$out/profile_small.log" 2>&1
-  grep -rl "def triton_per_fused_add_arange_clamp" /tmp/ic | head -2 | while read f; do cp "$f" "$out/geometry_$(basename "$f")"; done
+  geomdump 200
   ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, geomdump or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, geomdump or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

@@ -15,8 +15,10 @@ receiver pass split by output rank over a grid axis: two launches, no register s
 ``composed`` (tp_fwd/tp_bwd launches with substituted operands,
 ``FLASHCART_FUSED_DOUBLE_BACKWARD=0``). The Triton backward is also timed the other way of
 ``FLASHCART_FUSED_CSR_BACKWARD`` (one pass per sender, ``tp_bwd_csr``, against the two kernels).
+``--splits 1 2 4`` times the Triton kernels with each node's edges walked by that many programs
+(``FLASHCART_TP_SPLITS``; default: the environment's setting).
 
-    python benchmarks/kernels.py --features 20 64 128 [--dbwd fused split grouped composed] [--json out.json]
+    python benchmarks/kernels.py --features 20 64 128 [--dbwd fused split grouped composed] [--splits 1 4] [--json out.json]
 
 ``--host-overhead`` measures instead, on the CPU, what the Python side of each call costs:
 the launchers run with the kernel launch replaced by a no-op (argument names still checked),
@@ -36,7 +38,7 @@ import torch
 import triton.testing
 
 from flashcart.cartesian import DirectionExpansion, TensorProduct, edge_csr
-from flashcart.cartesian._triton import double_backward, ops
+from flashcart.cartesian._triton import common, double_backward, ops
 from flashcart.data.neighbors import neighbor_list
 from flashcart.utils.io import atomic_write_text
 
@@ -161,6 +163,7 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", default=["triton", "torch"])
     parser.add_argument("--dbwd", nargs="+", default=list(DBWD_MODES), choices=list(DBWD_MODES), help="Triton double-backward modes")
     parser.add_argument("--host-overhead", action="store_true", help="host cost per call on the CPU, launches stubbed")
+    parser.add_argument("--splits", type=int, nargs="+", default=None, help="Triton: programs per node's edge walk (each value in turn)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if args.host_overhead:
@@ -177,8 +180,10 @@ def main() -> None:
     bw = copy_bandwidth()
     print(f"atoms {n}, edges {E}, copy bandwidth {bw / 1e12:.2f} TB/s")
     rows = []
+    runs = [(b, S) for b in args.backends for S in (args.splits or [common.TP_SPLITS] if b == "triton" else [1])]
     for F in args.features:
-        for backend in args.backends:
+        for backend, splits in runs:
+            common.TP_SPLITS = splits
             tp = TensorProduct(2, 3, args.out_l_max, F, 1, backend=backend)
             x1 = torch.randn(n, tp.in1_width, device=dev, requires_grad=True)
             x2 = attrs.detach().clone().requires_grad_()
@@ -218,6 +223,7 @@ def main() -> None:
             row = dict(
                 F=F,
                 backend=backend,
+                splits=splits,
                 paths=tp.n_paths,
                 fwd_ms=t_f,
                 bwd_ms=t_b,
@@ -232,15 +238,16 @@ def main() -> None:
                 dbwd_roofline=b_d / (first * 1e-3) / bw,
             )
             rows.append(row)
+            print(f"F={F} {backend} splits={splits}: fwd {t_f:.3f} bwd {t_b:.3f} dbwd {first:.3f} ms", flush=True)
             del out, grads, s
             torch.cuda.empty_cache()
-    head = f"{'F':>4} {'backend':>7} {'fwd ms':>8} {'bwd ms':>8} {'dbwd ms':>8} {'fwd %bw':>8} {'bwd %bw':>8} {'dbwd %bw':>8}"
+    head = f"{'F':>4} {'backend':>7} {'splits':>6} {'fwd ms':>8} {'bwd ms':>8} {'dbwd ms':>8} {'fwd %bw':>8} {'bwd %bw':>8} {'dbwd %bw':>8}"
     other = "two kernels" if ops.FUSED_CSR_BACKWARD else "one pass per sender"
     print(head + f"  bwd {other} ms  dbwd by mode (x fwd)")
     for r in rows:
         modes = "  ".join(f"{m} {t:.3f} ({t / r['fwd_ms']:.1f}x)" for m, t in r["dbwd_modes_ms"].items())
         print(
-            f"{r['F']:4d} {r['backend']:>7} {r['fwd_ms']:8.3f} {r['bwd_ms']:8.3f} {r['dbwd_ms']:8.3f} "
+            f"{r['F']:4d} {r['backend']:>7} {r['splits']:6d} {r['fwd_ms']:8.3f} {r['bwd_ms']:8.3f} {r['dbwd_ms']:8.3f} "
             f"{100 * r['fwd_roofline']:7.1f}% {100 * r['bwd_roofline']:7.1f}% {100 * r['dbwd_roofline']:7.1f}%  "
             f"{'-' if r['bwd_other_ms'] is None else format(r['bwd_other_ms'], '.3f'):>8}  {modes}"
         )

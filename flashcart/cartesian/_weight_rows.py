@@ -6,9 +6,11 @@ one radial-MLP row (:mod:`flashcart.nn.edge_pairs`). The Triton kernels read the
 index in place (no ``[E, W]`` gather); the PyTorch backend gathers it.
 
 The gradient of row ``r`` is the sum of the per-edge gradients of the edges listed in
-``edges[r]`` (at most two; ``-1`` for none). That is a sum over every edge reading the row, except
-for rows whose gradient the caller knows to be unused (a constant row, listed as ``[-1, -1]``),
-and it needs no atomics: each row sums two known rows of the per-edge gradient.
+``edges[r]`` (at most two; ``-1`` for none). A row lists every edge reading it, or none (a row
+whose gradient the caller knows to be unused: a constant row, listed as ``[-1, -1]``). The Triton
+kernels add each listed edge's gradient into its row (two additions into zero: the same result in
+either order), or with ``FLASHCART_WEIGHT_ROW_SUM=pass`` a separate pass sums the two known rows
+of the per-edge gradient.
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ of a pair have the same distance as a function of the positions and the cell, no
 value, so ``E(w(d_leader), w(d_leader))`` and ``E(w(d_1), w(d_2))`` are the same function.
 
 The tensor products read the rows through ``pair_of_edge`` and sum each row's gradient over the
-two edges ``row_edges`` lists (:class:`~flashcart.cartesian.WeightRows`: no ``[E, W]`` gather, no
-atomic scatter). The dead edges' row lists none: its value is the MLP of a zero input, which is
+two edges ``row_edges`` lists (:class:`~flashcart.cartesian.WeightRows`: no ``[E, W]`` gather; the
+kernels add the two edges' weight gradients into their row). The dead edges' row lists none: its value is the MLP of a zero input, which is
 zero whatever the MLP's parameters (no biases, activations with ``act(0) = 0``), and its input is
 zero wherever the edges are dead (the envelope vanishes with its derivative beyond the cutoff), so
 no derivative flows through it; leaving it out is exact.

@@ -182,6 +182,71 @@ def test_pipelined_forward_equals_plain(F, device, monkeypatch):
     _compare_to_second_order(lambda a, b, c: ref(a, b, c, *graph), lambda a, b, c: tri(a, b, c, *graph), [x1, x2, w], dtype)
 
 
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "splits, variant",
+    [
+        (2, "one-pass backward"),
+        (3, "two-kernel backward"),
+        (5, "weight rows"),
+        (4, "shared weights"),
+        (2, "F70, channel blocks"),
+    ],
+)
+def test_split_walks_equal_the_reference(splits, variant, device, monkeypatch):
+    """Each node's edges walked by several programs (``SPLITS``: partial sums per node, added by
+    the launcher) in the forward, the backward's sender walks and both passes of the fused double
+    backward: forward and backward at 1e-12, double backward at 1e-10 in float64 against the
+    PyTorch backend. The graph has a node without edges and parts without edges (5 splits of
+    degrees below 5)."""
+    import flashcart.cartesian._triton.common as common
+    import flashcart.cartesian._triton.ops as ops
+    from flashcart.cartesian import WeightRows
+
+    monkeypatch.setattr(common, "TP_SPLITS", splits)
+    monkeypatch.setattr(ops, "FUSED_CSR_BACKWARD", variant != "two-kernel backward")
+    dtype = torch.float64
+    F = 70 if variant.startswith("F70") else 3
+    ref, tri = _pair(TensorProduct, 2, 3, 3, F, 1, shared_weights=variant == "shared weights")
+    n_nodes, n_edges = 5, 24
+    g = torch.Generator().manual_seed(8)
+    x1 = torch.randn(n_nodes, tri.in1_width, dtype=dtype, generator=g).to(device)
+    x2 = torch.randn(n_edges, tri.in2_width, dtype=dtype, generator=g).to(device)
+    rows = n_edges // 2 if variant == "weight rows" else n_edges
+    w = torch.randn(*(() if variant == "shared weights" else (rows,)), tri.weight_numel, dtype=dtype, generator=g).to(device)
+    graph = _graph(n_nodes, n_edges, device)
+    if variant == "weight rows":  # edges 2k and 2k+1 read row k
+        shared = WeightRows(torch.arange(n_edges, device=device) // 2, torch.arange(n_edges, device=device).view(-1, 2))
+
+        def fn_ref(a, b, c):
+            return ref(a, b, c.index_select(0, shared.index), *graph)
+
+        def fn_tri(a, b, c):
+            return tri(a, b, c, *graph, weight_rows=shared)
+    else:
+
+        def fn_ref(a, b, c):
+            return ref(a, b, c, *graph)
+
+        def fn_tri(a, b, c):
+            return tri(a, b, c, *graph)
+
+    _compare_to_second_order(fn_ref, fn_tri, [x1, x2, w], dtype)
+
+
+def test_splits_mode_from_environment(monkeypatch):
+    from flashcart.cartesian._triton.common import splits_mode
+
+    for raw, want in (("", 1), ("1", 1), ("4", 4), ("16", 16)):
+        monkeypatch.setenv("FLASHCART_TP_SPLITS", raw)
+        assert splits_mode() == want
+    for raw in ("0", "17", "auto", "-2"):
+        monkeypatch.setenv("FLASHCART_TP_SPLITS", raw)
+        with pytest.raises(ValueError, match=f"FLASHCART_TP_SPLITS must be an integer from 1 to 16, got '{raw}'"):
+            splits_mode()
+
+
 def test_pipeline_mode_from_environment(monkeypatch):
     from flashcart.cartesian._triton import ops
 

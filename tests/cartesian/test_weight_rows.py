@@ -46,18 +46,32 @@ def _problem(device, F=3):
 
 @pytest.mark.usefixtures("dispatch")
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("variant", ["torch", "triton", "triton, two-kernel backward", "triton, composed double backward"])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "torch",
+        "triton",
+        "triton, two-kernel backward",
+        "triton, composed double backward",
+        "triton, row sums in a pass",
+        "triton, row sums in a pass, two-kernel backward",
+        "triton, row sums in a pass, composed double backward",
+    ],
+)
 def test_weight_rows_equal_gathered_weights(variant, device, monkeypatch):
     """Forward, every first derivative, and the derivative of a scalar of first derivatives
-    (the force-training pattern), float64, against the weights gathered per edge."""
+    (the force-training pattern), float64, against the weights gathered per edge: with the
+    kernels adding each edge's weight gradient into its row (default) and with a separate pass."""
     import flashcart.cartesian._triton.ops as ops
+    import flashcart.cartesian._triton.weight_rows as row_sums
 
     if variant != "torch" and needs_triton.args[0]:
         pytest.skip(needs_triton.kwargs["reason"])
     if variant == "torch" and device == "cuda":
         pytest.skip("the CPU covers the PyTorch backend's reading")
-    monkeypatch.setattr(ops, "FUSED_CSR_BACKWARD", variant != "triton, two-kernel backward")
-    monkeypatch.setattr(ops, "FUSED_DOUBLE_BACKWARD", variant != "triton, composed double backward")
+    monkeypatch.setattr(ops, "FUSED_CSR_BACKWARD", not variant.endswith("two-kernel backward"))
+    monkeypatch.setattr(ops, "FUSED_DOUBLE_BACKWARD", not variant.endswith("composed double backward"))
+    monkeypatch.setattr(row_sums, "IN_KERNEL", "row sums in a pass" not in variant)
     ref, receivers, senders, rows, inputs = _problem(device)
     tp = TensorProduct(2, 3, 3, 3, 1, backend="torch" if variant == "torch" else "triton")
 
@@ -71,14 +85,18 @@ def test_weight_rows_equal_gathered_weights(variant, device, monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_unlisted_rows_get_no_gradient(backend, device):
+@pytest.mark.parametrize("backend", ["torch", "triton", "triton, row sums in a pass"])
+def test_unlisted_rows_get_no_gradient(backend, device, monkeypatch):
     """A row whose edges are not listed keeps its value but gets a zero gradient (the contract for
     rows the caller knows to be constant); the listed rows get the sum over their edges."""
-    if backend == "triton" and needs_triton.args[0]:
+    import flashcart.cartesian._triton.weight_rows as row_sums
+
+    if backend != "torch" and needs_triton.args[0]:
         pytest.skip(needs_triton.kwargs["reason"])
     if backend == "torch" and device == "cuda":
         pytest.skip("the CPU covers the PyTorch backend's reading")
+    monkeypatch.setattr(row_sums, "IN_KERNEL", backend == "triton")
+    backend = backend.split(",")[0]
     ref, receivers, senders, _, (x1, x2, w) = _problem(device)
     rows, _ = _rows(device, unlisted=(1,))
     tp = TensorProduct(2, 3, 3, 3, 1, backend=backend)
@@ -127,3 +145,51 @@ def test_rows_sum_kernel_equals_the_formula(width, device):
     _compare_to_second_order(
         lambda t: weight_rows_sum(t, rows.edges) ** 2, lambda t: kernel_sum(t, rows.edges, rows.index) ** 2, [g], torch.float64
     )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("csr", [True, False], ids=["one-pass backward", "two-kernel backward"])
+def test_kernels_sum_rows_deterministically(csr, device, monkeypatch):
+    """With the kernels adding each listed edge's weight gradient into its row (``atomic``), the
+    weight gradient and the second-order terms come out the same bits on every run (float32: a
+    row adds at most two edges into zero, in either order), agree with the separate pass to
+    rounding (the compiler may contract a per-edge sum differently in the two kernels), and no
+    row-sum pass runs."""
+    if needs_triton.args[0]:
+        pytest.skip(needs_triton.kwargs["reason"])
+    import flashcart.cartesian._triton.ops as ops
+    import flashcart.cartesian._triton.weight_rows as row_sums
+
+    monkeypatch.setattr(ops, "FUSED_CSR_BACKWARD", csr)
+    _, receivers, senders, rows, inputs = _problem(device, F=5)
+    tp = TensorProduct(2, 3, 3, 5, 1, backend="triton")
+    passes = []
+    counted = ops.weight_rows_sum
+    monkeypatch.setattr(ops, "weight_rows_sum", lambda *a: passes.append(1) or counted(*a))
+    results = []
+    for in_kernel in (True, True, False):
+        monkeypatch.setattr(row_sums, "IN_KERNEL", in_kernel)
+        passes.clear()
+        x1, x2, w = (t.detach().float().requires_grad_() for t in inputs)
+        out = tp(x1, x2, w, receivers, senders, None, rows)
+        cot = torch.cos(torch.arange(out.numel(), device=device, dtype=out.dtype)).reshape(out.shape)
+        gx1, gx2, gw = torch.autograd.grad(out, (x1, x2, w), cot, create_graph=True)
+        # a force-loss pattern: the first derivatives' scalar differentiated again
+        second = torch.autograd.grad((gx1**2).sum() + (gx2 * x2).sum() + (gw**2).sum(), (x1, x2, w))
+        results.append((gw, *second))
+        assert (len(passes) == 0) if in_kernel else (len(passes) >= 2)
+    for a, b, c, what in zip(*results, ("gw", "d x1", "d x2", "d w")):
+        assert a.shape == b.shape == c.shape, what
+        assert torch.equal(a, b), f"{what} differs between two runs: {(a - b).abs().max().item():.3g}"
+        assert_close(a, c, 1e-5, f"{what} against the pass")
+
+
+def test_row_sum_mode_from_environment(monkeypatch):
+    from flashcart.cartesian._triton.weight_rows import row_sum_mode
+
+    for raw, want in (("", True), ("atomic", True), ("pass", False)):
+        monkeypatch.setenv("FLASHCART_WEIGHT_ROW_SUM", raw)
+        assert row_sum_mode() is want
+    monkeypatch.setenv("FLASHCART_WEIGHT_ROW_SUM", "1")
+    with pytest.raises(ValueError, match="FLASHCART_WEIGHT_ROW_SUM must be 'atomic' or 'pass', got '1'"):
+        row_sum_mode()

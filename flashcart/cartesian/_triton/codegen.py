@@ -83,6 +83,33 @@ def weight_row(indent: str, edge: str, ptr: str = "pw") -> list[str]:
     ]
 
 
+def listed_mask(indent: str, edge: str) -> list[str]:
+    """Lines defining ``lwm`` (emitted under ``W_ROWS``): the channels ``fm`` where edge ``edge``
+    (int64) is listed by its weight row ``wr`` (``wrows[wr]``, two entries, ``-1`` for none), else
+    no channel. Listed edges are those whose weight gradients the row sums, and those that get the
+    row's cotangent in the second derivative. A vector comparison: the interpreter cannot combine
+    a scalar condition with a vector mask."""
+    return [
+        f"{indent}wl0 = tl.load(wrows_ptr + 2 * wr)",
+        f"{indent}wl1 = tl.load(wrows_ptr + 2 * wr + 1)",
+        f"{indent}lwm = fm & ((f * 0 + wl0 == {edge}) | (f * 0 + wl1 == {edge}))",
+    ]
+
+
+def weight_grad_out(indent: str, ptr: str, base: str, row: str, pi: int, value: str) -> list[str]:
+    """Lines writing path ``pi``'s weight gradient ``value`` of edge ``base``: with ``W_ROWS`` added
+    (atomically) into its weight row (``wr``, under ``lwm``) of ``{ptr}`` (rows of ``{row}``
+    elements, zeroed by the caller), else stored in row ``{base}``. A row sums at most two edges
+    into zero, and ``0 + a + b == 0 + b + a`` exactly in floating point, so the result does not
+    depend on the order of the additions."""
+    return [
+        f"{indent}if W_ROWS:",
+        f'{indent}{_I}tl.atomic_add({ptr} + wr * {row} + {pi} * F + f, {value}, mask=lwm, sem="relaxed")',
+        f"{indent}else:",
+        f"{indent}{_I}tl.store({ptr} + {base} * {row} + {pi} * F + f, {value}, mask=fm)",
+    ]
+
+
 def _load(name: str, ptr: str, index: str, fvec: str, mask: str = "fm") -> str:
     return f"{name} = tl.load({ptr} + {index} + {fvec}, mask={mask}, other=0.0)"
 
@@ -104,13 +131,43 @@ def _load_inputs(lines, paths, indent, a_ptr="pa", b_ptr="pb", need_a=True, need
                 lines.append(indent + _load(f"{prefix}b{l}_{j}", b_ptr, f"{l * l + j} * F2C", "f2", mask))
 
 
+def _split_node(I: str, node: str) -> list[str]:
+    """``{node}`` (int64): the node of this program; ``o{node}``: the row its per-node results go
+    to. Grid axis 0 holds ``SPLITS`` programs per node (``SPLITS * nodes`` in all): program
+    ``o = s * nodes + node`` walks part ``s`` of the node's edges and writes its partial sums to
+    row ``o`` of a ``[SPLITS * nodes, ...]`` output that the launcher sums over ``s``."""
+    return [
+        f"{I}o{node} = tl.cast(tl.program_id(0), tl.int64)",
+        f"{I}if SPLITS > 1:",
+        f"{I}{_I}n_nodes = tl.cast(tl.num_programs(0) // SPLITS, tl.int64)",
+        f"{I}{_I}{node} = o{node} % n_nodes",
+        f"{I}else:",
+        f"{I}{_I}{node} = o{node}",
+    ]
+
+
+def _split_range(I: str, node: str) -> list[str]:
+    """With ``SPLITS``: narrow ``start:end`` to this program's part, ``ceil(degree / SPLITS)``
+    consecutive edges (possibly none)."""
+    II = I + _I
+    return [
+        f"{I}if SPLITS > 1:",
+        f"{II}part = o{node} // n_nodes",
+        f"{II}chunk = (end - start + SPLITS - 1) // SPLITS",
+        f"{II}start = start + part * chunk",
+        f"{II}end = tl.minimum(end, start + chunk)",
+    ]
+
+
 def receiver_prologue(I: str) -> list[str]:
     """Opening lines of a kernel with one program per output row (a receiver's edge range
     ``start:end`` of ``rowptr`` in convolution mode, the row itself in dense mode) and channel
-    block ``pf``: ``f`` channels, ``fm`` their mask, ``f1``/``f2`` the input channels."""
+    block ``pf``: ``f`` channels, ``fm`` their mask, ``f1``/``f2`` the input channels. In
+    convolution mode a receiver's edges may be split over ``SPLITS`` programs: per-receiver
+    results go to row ``orow`` (:func:`_split_node`; ``orow == row`` without splits)."""
     II = I * 2
     return [
-        f"{I}row = tl.cast(tl.program_id(0), tl.int64)",
+        *_split_node(I, "row"),
         f"{I}pf = tl.program_id(1)",
         f"{I}f = pf * BLOCK_F + tl.arange(0, BLOCK_F)",
         f"{I}fm = f < F",
@@ -119,6 +176,7 @@ def receiver_prologue(I: str) -> list[str]:
         f"{I}if CONV:",
         f"{II}start = tl.load(rowptr_ptr + row)",
         f"{II}end = tl.load(rowptr_ptr + row + 1)",
+        *_split_range(II, "row"),
         f"{I}else:",
         f"{II}start = row",
         f"{II}end = row + 1",
@@ -127,15 +185,17 @@ def receiver_prologue(I: str) -> list[str]:
 
 def sender_prologue(I: str) -> list[str]:
     """Opening lines of a kernel with one program per sender ``j`` (its edges ``start:end`` of
-    ``srowptr``) and channel block ``pf``."""
+    ``srowptr``, possibly split over ``SPLITS`` programs: per-sender results go to row ``oj``)
+    and channel block ``pf``."""
     return [
-        f"{I}j = tl.cast(tl.program_id(0), tl.int64)",
+        *_split_node(I, "j"),
         f"{I}pf = tl.program_id(1)",
         f"{I}f = pf * BLOCK_F + tl.arange(0, BLOCK_F)",
         f"{I}fm = f < F",
         f"{I}f2 = f * F2S",
         f"{I}start = tl.load(srowptr_ptr + j)",
         f"{I}end = tl.load(srowptr_ptr + j + 1)",
+        *_split_range(I, "j"),
     ]
 
 
@@ -201,7 +261,7 @@ def _fwd(paths, offsets, n_out) -> list[str]:
     ]
     _load_inputs(L, paths, III)
     L += _fwd_messages(paths, offsets, III, load_w=True)
-    L.append(f"{I}po = out_ptr + row * out_row")
+    L.append(f"{I}po = out_ptr + orow * out_row")
     L += [f"{I}tl.store(po + {k} * F + f, acc{k}, mask=fm)" for k in range(n_out)]
     return L
 
@@ -261,11 +321,12 @@ def _edge_grads(L, paths, indent, row: str, in2_l_max, load_w: bool) -> None:
     L.append(f"{indent}if NEED_G2:")
     L += _grad_block(paths, "l2", inner, f"g2_ptr + {row} * g2_row", "b", in2_l_max, reduce_flag="REDUCE_G2", load_w=load_w)
     L.append(f"{indent}if NEED_GW:")
-    L.append(f"{inner}pgw = gw_ptr + {row} * gw_row")
+    L.append(f"{inner}if W_ROWS:")
+    L += listed_mask(inner + _I, row)
     for pi, p in enumerate(paths):
         L += [inner + s for s in bilinear_lines(product_table(p.l1, p.l2, p.l_out), f"a{p.l1}_", f"b{p.l2}_", f"t{pi}_", _lit)]
-        s = " + ".join(f"gop{pi}_{c} * t{pi}_{c}" for c in range(2 * p.l_out + 1))
-        L.append(f"{inner}tl.store(pgw + {pi} * F + f, {s}, mask=fm)")
+        L.append(f"{inner}gwv{pi} = " + " + ".join(f"gop{pi}_{c} * t{pi}_{c}" for c in range(2 * p.l_out + 1)))
+        L += weight_grad_out(inner, "gw_ptr", row, "gw_row", pi, f"gwv{pi}")
 
 
 def _grad_block(paths, attr, indent, ptr, vjp, l_max, reduce_flag=None, load_w=True) -> list[str]:
@@ -340,7 +401,7 @@ def _sender_walk(L, paths, offsets, n_out, acc: str, hoist_w: bool) -> None:
 def _store_sender_grad(L, paths, in1_l_max, acc: str) -> None:
     """Store the sender's accumulated input-1 gradient (zeros for ranks no path reaches)."""
     ranks = _ranks(paths, "l1")
-    L.append(f"{_I}pgo = g1_ptr + j * g1_row")
+    L.append(f"{_I}pgo = g1_ptr + oj * g1_row")
     for l in range(in1_l_max + 1):
         for i in range(2 * l + 1):
             value = f"{acc}{l}_{i}" if l in ranks else "tl.zeros([BLOCK_F], dtype=DT)"

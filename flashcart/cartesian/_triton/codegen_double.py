@@ -17,7 +17,9 @@ loaded once per edge:
   per edge gathers the sender rows of ``x1``/``gg1`` and the edge rows of ``x2``/``gg2``/
   ``w``/``ggw``: it accumulates ``d go`` in registers (one store per receiver) and stores the
   edge's ``d x2`` and ``d w`` (edges are grouped by receiver, so every edge row is written by
-  exactly one program, without atomics). In dense mode it also stores ``d x1``.
+  exactly one program, without atomics; with ``W_ROWS`` the weight term is added atomically into
+  the edge's weight row instead, and ``ggw`` is read per weight row). In dense mode it also
+  stores ``d x1``.
 * ``tp_dbwd_x1_csr``: convolution-mode ``d x1``, one program per sender walking that
   sender's edges (``perm`` sorts edges by sender), again without atomics.
 
@@ -35,7 +37,7 @@ from __future__ import annotations
 from .._codegen_torch import bilinear_lines
 from .._expressions import product_table, product_vjp_a_table, product_vjp_b_table
 from .._paths import Path
-from .codegen import _I, _lit, _load, _ranks, out_offsets, receiver_prologue, sender_prologue, weight_row
+from .codegen import _I, _lit, _load, _ranks, listed_mask, out_offsets, receiver_prologue, sender_prologue, weight_grad_out, weight_row
 from .signatures import TP_DBWD_ROW, TP_DBWD_X1_CSR
 
 __all__ = ["generate_double_backward_source", "row_groups"]
@@ -92,8 +94,20 @@ def _load_rank_rows(indent: str, paths, attr: str, name: str, ptr: str, width: s
     return [indent + _load(f"{name}{l}_{i}", ptr, f"{l * l + i} * {width}", fvec) for l, i in _comps(_ranks(paths, attr))]
 
 
-def _load_paths(indent: str, sel, name: str, ptr: str) -> list[str]:
-    return [indent + _load(f"{name}{pi}", ptr, f"{pi} * F", "f") for pi, _ in sel]
+def _load_paths(indent: str, sel, name: str, ptr: str, mask: str = "fm") -> list[str]:
+    return [indent + _load(f"{name}{pi}", ptr, f"{pi} * F", "f", mask) for pi, _ in sel]
+
+
+def _load_ggw(indent: str, sel) -> list[str]:
+    """The weight cotangent ``q{p}`` of edge ``e64``: per weight row with ``W_ROWS`` (row ``wr``,
+    zero unless the row lists the edge, ``lwm``), else per edge."""
+    I2 = indent + _I
+    return (
+        [f"{indent}if W_ROWS:", f"{I2}pq = ggw_ptr + wr * w_row"]
+        + _load_paths(I2, sel, "q", "pq", "lwm")
+        + [f"{indent}else:", f"{I2}pq = ggw_ptr + e64 * w_row"]
+        + _load_paths(I2, sel, "q", "pq")
+    )
 
 
 def _alias_go(indent: str, sel, offsets) -> list[str]:
@@ -160,7 +174,7 @@ def _d_w(indent: str, sel) -> list[str]:
         L.append(f"{indent}if SHARED_W:")
         L.append(f"{I2}dwa{pi} += dwp")
         L.append(f"{indent}else:")
-        L.append(f"{I2}tl.store(dw_ptr + e64 * dw_row + {pi} * F + f, dwp, mask=fm)")
+        L += weight_grad_out(I2, "dw_ptr", "e64", "dw_row", pi, "dwp")
     return L
 
 
@@ -196,6 +210,8 @@ def _row_body(indent: str, sel, offsets, in1_l_max: int, in2_l_max: int, group: 
         f"{II}pa = x1_ptr + src * x1_row",
         f"{II}pb = x2_ptr + e64 * x2_row",
         *weight_row(II, "e64"),
+        f"{II}if W_ROWS and (HAS_GGW or NEED_W):",
+        *listed_mask(III, "e64"),
     ]
     # x1, x2 and w always exist; loads a configuration does not use are removed by the compiler
     L += _load_rank_rows(II, paths, "l1", "a", "pa", "F1C", "f1")
@@ -205,8 +221,8 @@ def _row_body(indent: str, sel, offsets, in1_l_max: int, in2_l_max: int, group: 
     L += _load_rank_rows(III, paths, "l1", "c", "pc", "F1C", "f1")
     L += [f"{II}if HAS_GG2:", f"{III}pd = gg2_ptr + e64 * x2_row"]
     L += _load_rank_rows(III, paths, "l2", "d", "pd", "F2C", "f2")
-    L += [f"{II}if HAS_GGW:", f"{III}pq = ggw_ptr + e64 * w_row"]
-    L += _load_paths(III, sel, "q", "pq")
+    L += [f"{II}if HAS_GGW:"]
+    L += _load_ggw(III, sel)
     L.append(f"{II}if NEED_GO:")
     L += _d_go(III, sel, offsets)
     L.append(f"{II}if NEED_X2:")
@@ -221,10 +237,10 @@ def _row_body(indent: str, sel, offsets, in1_l_max: int, in2_l_max: int, group: 
         L.append(f"{III}pdx1 = dx1_ptr + src * dx1_row")
         L += _store_input_grad(III, "pdx1", "g", ranks1, in1_l_max, "RED_X1")
     L.append(f"{I}if NEED_GO:")
-    L.append(f"{II}pdgo = dgo_ptr + row * go_row")
+    L.append(f"{II}pdgo = dgo_ptr + orow * go_row")
     L += [f"{II}tl.store(pdgo + {k} * F + f, acc{k}, mask=fm)" for k in blocks]
     L.append(f"{I}if NEED_W and SHARED_W:")
-    L += [f"{II}tl.store(dw_ptr + row * dw_row + {pi} * F + f, dwa{pi}, mask=fm)" for pi, _ in sel]
+    L += [f"{II}tl.store(dw_ptr + orow * dw_row + {pi} * F + f, dwa{pi}, mask=fm)" for pi, _ in sel]
     return L
 
 
@@ -271,14 +287,15 @@ def _x1_csr_kernel(paths, offsets, n_out, in1_l_max) -> list[str]:
     L += _alias_go(II, list(enumerate(paths)), offsets)
     L += [f"{II}if HAS_GGW:"]
     L += _load_rank_rows(III, paths, "l2", "b", "pb", "F2C", "f2")
-    L += [f"{III}pq = ggw_ptr + e64 * w_row"]
-    L += _load_paths(III, list(enumerate(paths)), "q", "pq")
+    L += [f"{III}if W_ROWS:"]
+    L += listed_mask(III + _I, "e64")
+    L += _load_ggw(III, list(enumerate(paths)))
     L += [f"{II}if HAS_GG2:"]
     L += _load_paths(III, list(enumerate(paths)), "w", "pw")
     L += [f"{III}pd = gg2_ptr + e64 * x2_row"]
     L += _load_rank_rows(III, paths, "l2", "d", "pd", "F2C", "f2")
     L += _d_x1_terms(II, list(enumerate(paths)))
-    L.append(f"{I}pdx1 = dx1_ptr + j * dx1_row")
+    L.append(f"{I}pdx1 = dx1_ptr + oj * dx1_row")
     L += _store_input_grad(I, "pdx1", "g", ranks1, in1_l_max, "RED_X1")
     return L
 

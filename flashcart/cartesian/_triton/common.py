@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton.language as tl
 from torch import Tensor
 
 from .source import ProductSpec, product_spec
 
-__all__ = ["DT", "block_f", "cdiv", "next_pow2", "channels", "tp_shapes", "reduce_channels", "kernel_op"]
+__all__ = [
+    "DT",
+    "block_f",
+    "cdiv",
+    "next_pow2",
+    "channels",
+    "tp_shapes",
+    "reduce_channels",
+    "kernel_op",
+    "splits_mode",
+    "walk_splits",
+    "sum_splits",
+]
 
 DT = {torch.float32: tl.float32, torch.float64: tl.float64, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
@@ -67,3 +81,35 @@ def reduce_channels(g: Tensor, comps: int, n_channels: int) -> Tensor:
     if n_channels != 1:
         return g
     return g.view(g.shape[0], comps, -1).sum(-1)
+
+
+_SPLITS_ENV = "FLASHCART_TP_SPLITS"
+_MAX_SPLITS = 16
+
+
+def splits_mode() -> int:
+    """``FLASHCART_TP_SPLITS``: how many programs walk each node's edges in the convolution
+    kernels (``SPLITS``), an integer from 1 to 16 (default 1: one program per node); anything
+    else is an error naming the variable."""
+    raw = os.environ.get(_SPLITS_ENV, "").strip() or "1"
+    if not raw.isdigit() or not 1 <= int(raw) <= _MAX_SPLITS:
+        raise ValueError(f"environment variable {_SPLITS_ENV} must be an integer from 1 to {_MAX_SPLITS}, got {raw!r}")
+    return int(raw)
+
+
+# Read at import; tests and benchmarks flip the module attribute.
+TP_SPLITS = splits_mode()
+
+
+def walk_splits(conv: bool) -> int:
+    """``SPLITS`` of a launch: :data:`TP_SPLITS` in convolution mode, 1 in dense mode (a row is
+    one step)."""
+    return TP_SPLITS if conv else 1
+
+
+def sum_splits(t: Tensor, splits: int) -> Tensor:
+    """``[splits * n, ...] -> [n, ...]``: the per-node partial sums of a split walk, added in
+    split order (the same bits on every run)."""
+    if splits == 1:
+        return t
+    return t.view(splits, t.shape[0] // splits, *t.shape[1:]).sum(0)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 __all__ = ["resource_usage", "main"]
 
-_INDEX = {"rowptr_ptr", "send_ptr", "recv_ptr", "perm_ptr", "srowptr_ptr"}
+_INDEX = {"rowptr_ptr", "send_ptr", "recv_ptr", "perm_ptr", "srowptr_ptr", "widx_ptr", "wrows_ptr"}
 
 
 def _variants(dbwd_only: bool):
@@ -35,9 +35,28 @@ def _variants(dbwd_only: bool):
         out += [
             ("product", TP_FWD, "tp_fwd conv", dict(CONV=True, PIPELINE=False)),
             ("product", TP_FWD, "tp_fwd conv, pipelined", dict(CONV=True, PIPELINE=True)),
+            ("product", TP_FWD, "tp_fwd conv, pipelined, 4 splits", dict(CONV=True, PIPELINE=True, SPLITS=4)),
             ("product", TP_BWD_EDGE, "tp_bwd_edge conv g2+gw", dict(CONV=True, NEED_G1=False, NEED_G2=True, NEED_GW=True, REDUCE_G2=True)),
             ("product", TP_BWD_X1_CSR, "tp_bwd_x1_csr", {}),
             ("product", TP_BWD_CSR, "tp_bwd_csr g1+g2+gw", dict(NEED_G2=True, NEED_GW=True, REDUCE_G2=True)),
+            (
+                "product",
+                TP_BWD_CSR,
+                "tp_bwd_csr g1+g2+gw, weight rows",
+                dict(NEED_G2=True, NEED_GW=True, REDUCE_G2=True, W_INDEX=True, W_ROWS=True),
+            ),
+            (
+                "product",
+                TP_BWD_CSR,
+                "tp_bwd_csr g1+g2+gw, rows, 4 splits",
+                dict(NEED_G2=True, NEED_GW=True, REDUCE_G2=True, W_INDEX=True, W_ROWS=True, SPLITS=4),
+            ),
+            (
+                "product",
+                TP_BWD_EDGE,
+                "tp_bwd_edge conv gw, weight rows",
+                dict(CONV=True, NEED_G1=False, NEED_G2=False, NEED_GW=True, REDUCE_G2=False, W_INDEX=True, W_ROWS=True),
+            ),
         ]
     out += [
         ("dbwd", TP_DBWD_ROW, "tp_dbwd_row conv all", dict(CONV=True, NEED_X1=False, RED_X1=False, **every)),
@@ -56,6 +75,20 @@ def _variants(dbwd_only: bool):
         ("dbwd", TP_DBWD_ROW, "tp_dbwd_row conv d_x2+d_w", dict(CONV=True, NEED_X1=False, RED_X1=False, **{**every, "NEED_GO": False})),
         ("dbwd", TP_DBWD_ROW, "tp_dbwd_row dense all", dict(CONV=False, NEED_X1=True, RED_X1=False, **every)),
         ("dbwd", TP_DBWD_X1_CSR, "tp_dbwd_x1_csr", dict(HAS_GG2=True, HAS_GGW=True, RED_X1=False)),
+        (
+            "dbwd",
+            TP_DBWD_ROW,
+            "tp_dbwd_row conv all, weight rows",
+            dict(CONV=True, NEED_X1=False, RED_X1=False, W_INDEX=True, W_ROWS=True, **every),
+        ),
+        ("dbwd", TP_DBWD_X1_CSR, "tp_dbwd_x1_csr, weight rows", dict(HAS_GG2=True, HAS_GGW=True, RED_X1=False, W_INDEX=True, W_ROWS=True)),
+        (
+            "dbwd",
+            TP_DBWD_ROW,
+            "tp_dbwd_row conv all, 4 splits",
+            dict(CONV=True, NEED_X1=False, RED_X1=False, W_INDEX=True, W_ROWS=True, SPLITS=4, **every),
+        ),
+        ("dbwd", TP_DBWD_X1_CSR, "tp_dbwd_x1_csr, 4 splits", dict(HAS_GG2=True, HAS_GGW=True, RED_X1=False, SPLITS=4)),
     ]
     return out
 
@@ -84,7 +117,7 @@ def resource_usage(key: str, dtype: str = "fp32", block_f: int = 64, dbwd_only: 
     for which, sig, label, flags in _variants(dbwd_only):
         signature = {a: ("*i64" if a in _INDEX else f"*{dtype}") if a.endswith("_ptr") else "i32" for a in sig.args}
         signature |= {c: "constexpr" for c in sig.constexprs}
-        constexprs = {**flags, "BLOCK_F": block_f, "DT": dts[dtype]}
+        constexprs = {**({"SPLITS": 1} if "SPLITS" in sig.constexprs else {}), **flags, "BLOCK_F": block_f, "DT": dts[dtype]}
         src = ASTSource(fn=getattr(modules[which], sig.name), signature=signature, constexprs=constexprs)
         kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=max(1, block_f // 32)))
         with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:

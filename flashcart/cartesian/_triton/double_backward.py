@@ -21,7 +21,8 @@ import torch
 from torch import Tensor
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
-from .common import DT, block_f, cdiv, kernel_op, tp_shapes
+from . import weight_rows as _row_sums
+from .common import DT, block_f, cdiv, kernel_op, sum_splits, tp_shapes, walk_splits
 from .signatures import TP_DBWD_ROW, TP_DBWD_X1_CSR
 from .source import double_backward_module
 
@@ -66,6 +67,12 @@ def fused_outputs(has_gg1: bool, has_gg2: bool, has_ggw: bool, need: tuple[bool,
     )
 
 
+def _weight_grad_shape(w: Tensor, x2: Tensor, widx: Optional[Tensor]) -> tuple:
+    """Shape of ``ggw`` and ``d w``: like ``w``, or per edge with ``widx`` when the kernels do not
+    sum weight gradients into rows."""
+    return (x2.shape[0], w.shape[-1]) if widx is not None and not _row_sums.IN_KERNEL else tuple(w.shape)
+
+
 def _check_like(t: Optional[Tensor], shape, what: str) -> None:
     if t is not None and tuple(t.shape) != tuple(shape):
         raise ValueError(f"tp_dbwd: {what} has shape {tuple(t.shape)}, expected {tuple(shape)} (the shape of its operand)")
@@ -100,14 +107,17 @@ def tp_dbwd(
     dense mode), ``x1 [nodes or rows, (l1+1)^2 * F1]``, ``x2 [edges or rows, (l2+1)^2 * F2]``,
     ``w [edges or rows, n_paths * F]`` or shared ``[n_paths * F]``; ``gg1/gg2/ggw`` like
     ``x1/x2/w``. Graph tensors as in ``tp_fwd`` (all ``None`` in dense mode). With ``widx``
-    (edge ``e`` reads weight row ``widx[e]`` of ``w [R, n_paths * F]``) ``ggw`` and ``d w`` are per
-    edge, ``[edges, n_paths * F]``, like the weight gradient ``tp_bwd`` returns; ``wrows`` is not read
-    here (the caller sums ``d w`` into rows).
+    (edge ``e`` reads weight row ``widx[e]`` of ``w [R, n_paths * F]``) ``ggw`` and ``d w`` are laid
+    out like the weight gradient ``tp_bwd`` returns: per row, shaped like ``w``, with
+    ``weight_rows.IN_KERNEL`` (``d w`` sums the edges ``wrows`` lists; an edge its row does not list
+    reads a zero cotangent), else per edge, ``[edges, n_paths * F]`` (the caller sums ``d w`` into
+    rows; ``wrows`` is not read).
     """
     spec, f1, f2, F = tp_shapes(key, x1, x2)
     _check_like(gg1, x1.shape, "gg1")
     _check_like(gg2, x2.shape, "gg2")
-    _check_like(ggw, w.shape if widx is None else (x2.shape[0], w.shape[-1]), "ggw")
+    in_rows = widx is not None and _row_sums.IN_KERNEL
+    _check_like(ggw, _weight_grad_shape(w, x2, widx), "ggw")
     has1, has2, hasw = gg1 is not None, gg2 is not None, ggw is not None
     c_go, c_x1, c_x2, c_w = fused_outputs(has1, has2, hasw, (need_go, need_x1, need_x2, need_w))
     conv = receivers is not None
@@ -121,14 +131,20 @@ def tp_dbwd(
     n_blocks = cdiv(F, block) if F else 0
     red1, red2 = f1 == 1 and F > 1, f2 == 1 and F > 1
     programs = x1.shape[0] if conv else x2.shape[0]
+    splits = walk_splits(conv)  # programs per node: per-node results are partial sums per split
     c1, c2 = spec.in1_comps, spec.in2_comps
     empty = x2.new_empty(0)
-    d_go = torch.empty_like(go) if c_go else empty
-    d_x1 = torch.empty(x1.shape[0], c1 * (n_blocks if red1 else F), dtype=dt, device=dev) if c_x1 else empty
+    d_go = go.new_empty(splits * go.shape[0], go.shape[1]) if c_go else empty
+    d_x1 = torch.empty(splits * x1.shape[0], c1 * (n_blocks if red1 else F), dtype=dt, device=dev) if c_x1 else empty
     module = double_backward_module(key)
     groups = module.N_ROW_GROUPS if ROW_GROUPS and conv else 1
     d_x2 = torch.empty(x2.shape[0], groups * c2 * (n_blocks if red2 else F), dtype=dt, device=dev) if c_x2 else empty
-    d_w = torch.empty(programs if shared else x2.shape[0], spec.n_paths * F, dtype=dt, device=dev) if c_w else empty
+    if not c_w:
+        d_w = empty
+    elif in_rows:  # each listed edge's term is added into its row
+        d_w = torch.zeros(w.shape, dtype=dt, device=dev)
+    else:
+        d_w = torch.empty(splits * programs if shared else x2.shape[0], spec.n_paths * F, dtype=dt, device=dev)
     unused = go  # any tensor: pointer arguments the kernel does not read (flag off)
     row_x1 = c_x1 and not conv
     if not guard_or_false(programs == 0) and F and (c_go or c_x2 or c_w or row_x1):
@@ -139,13 +155,14 @@ def tp_dbwd(
         for n_go, n_x2, n_w in passes:
             TP_DBWD_ROW.launch(
                 module,
-                (programs, n_blocks, groups),
+                (splits * programs, n_blocks, groups),
                 num_warps=warps,
                 go_ptr=go,
                 x1_ptr=x1,
                 x2_ptr=x2,
                 w_ptr=w,
                 widx_ptr=widx if widx is not None else unused,
+                wrows_ptr=wrows if in_rows else unused,
                 gg1_ptr=gg1 if has1 else unused,
                 gg2_ptr=gg2 if has2 else unused,
                 ggw_ptr=ggw if hasw else unused,
@@ -179,24 +196,27 @@ def tp_dbwd(
                 RED_X2=red2,
                 SHARED_W=shared,
                 W_INDEX=widx is not None,
+                W_ROWS=in_rows,
                 ROW_GROUPS=groups > 1,
+                SPLITS=splits,
                 BLOCK_F=block,
                 DT=DT[dt],
             )
     elif F == 0 or guard_or_false(programs == 0):
-        for t, c in ((d_go, c_go), (d_x1, row_x1), (d_x2, c_x2), (d_w, c_w)):
+        for t, c in ((d_go, c_go), (d_x1, row_x1), (d_x2, c_x2), (d_w, c_w and not in_rows)):
             if c:
                 t.zero_()
     if c_x1 and conv:
         if not guard_or_false(x1.shape[0] == 0) and F:
             TP_DBWD_X1_CSR.launch(
                 module,
-                (x1.shape[0], n_blocks),
+                (splits * x1.shape[0], n_blocks),
                 num_warps=warps,
                 go_ptr=go,
                 x2_ptr=x2,
                 w_ptr=w,
                 widx_ptr=widx if widx is not None else unused,
+                wrows_ptr=wrows if in_rows else unused,
                 gg2_ptr=gg2 if has2 else unused,
                 ggw_ptr=ggw if hasw else unused,
                 dx1_ptr=d_x1,
@@ -214,11 +234,15 @@ def tp_dbwd(
                 HAS_GGW=hasw,
                 RED_X1=red1,
                 W_INDEX=widx is not None,
+                W_ROWS=in_rows,
+                SPLITS=splits,
                 BLOCK_F=block,
                 DT=DT[dt],
             )
         else:
             d_x1.zero_()
+    d_go = sum_splits(d_go, splits) if c_go else d_go
+    d_x1 = sum_splits(d_x1, splits) if c_x1 and conv else d_x1
     # broadcast inputs: per-channel-block partial sums -> one channel
     if c_x1 and red1 and n_blocks > 1:
         d_x1 = d_x1.view(x1.shape[0], n_blocks, c1).sum(1)
@@ -234,5 +258,5 @@ def tp_dbwd(
 @tp_dbwd.register_fake
 def _(go, x1, x2, w, gg1, gg2, ggw, receivers, senders, rowptr, perm, srowptr, widx, wrows, key, need_go, need_x1, need_x2, need_w):
     flags = fused_outputs(gg1 is not None, gg2 is not None, ggw is not None, (need_go, need_x1, need_x2, need_w))
-    shapes = (go.shape, x1.shape, x2.shape, w.shape if widx is None else (x2.shape[0], w.shape[-1]))
+    shapes = (go.shape, x1.shape, x2.shape, _weight_grad_shape(w, x2, widx))
     return tuple(t.new_empty(s) if c else t.new_empty(0) for t, s, c in zip((go, x1, x2, w), shapes, flags))

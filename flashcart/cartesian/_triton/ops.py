@@ -28,13 +28,17 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from .._layout import edge_csr
 from .._linear_spec import BWD_W, BWD_X, COLUMN, FWD, N_COLS, launch_rows, linear_spec, n_tiles
+from .._weight_rows import listed_edges
+from . import weight_rows as _row_sums
 from .common import DT as _DT
 from .common import block_f as _block_f
 from .common import cdiv as _cdiv
 from .common import kernel_op
 from .common import next_pow2 as _next_pow2
 from .common import reduce_channels as _reduce_channels
+from .common import sum_splits as _sum_splits
 from .common import tp_shapes as _tp_shapes
+from .common import walk_splits as _walk_splits
 from .double_backward import env_mode, fused_outputs
 from .double_backward import tp_dbwd as _tp_dbwd_op
 from .linear_kernel import default_tiles, grouped_matmul, linear_tiles
@@ -89,9 +93,16 @@ TP_PIPELINE = _pipeline_mode()
 # Graph tensors in convolution mode: receivers, senders, rowptr, perm, srowptr (see edge_csr);
 # all None in dense mode. Then widx, wrows (both None, or both given): edge e reads weight row
 # widx[e] of w [R, n_paths * F], and the weights' gradient of row r sums the per-edge gradients of
-# the edges wrows[r] lists (flashcart.cartesian._weight_rows). The kernels read rows through widx;
-# tp_bwd and tp_dbwd return the weights' gradient per edge ([E, n_paths * F]), which the autograd
-# formulas sum into rows (weight_rows_sum).
+# the edges wrows[r] lists (flashcart.cartesian._weight_rows). The kernels read rows through widx.
+# With weight_rows.IN_KERNEL (FLASHCART_WEIGHT_ROW_SUM=atomic, default) tp_bwd and tp_dbwd return
+# the weights' gradient per row, shaped like w (the kernels add each listed edge's gradient into
+# its row), and tp_dbwd reads the cotangent ggw per row; otherwise both are per edge
+# ([E, n_paths * F]) and the autograd formulas sum the gradients into rows (weight_rows_sum).
+
+
+def _rows_in_kernel(widx: Optional[Tensor]) -> bool:
+    """Whether the kernels sum the weight gradient into rows (``W_ROWS``) for this call."""
+    return widx is not None and _row_sums.IN_KERNEL
 
 
 @kernel_op("flashcart::tp_fwd")
@@ -111,15 +122,16 @@ def tp_fwd(
     spec, f1, f2, F = _tp_shapes(key, x1, x2)
     conv = rowptr is not None
     rows = x1.shape[0] if conv else x2.shape[0]
-    out = torch.empty(rows, spec.n_out_blocks * F, dtype=x2.dtype, device=x2.device)
+    splits = _walk_splits(conv)
+    out = torch.empty(splits * rows, spec.n_out_blocks * F, dtype=x2.dtype, device=x2.device)
     if guard_or_false(rows == 0) or F == 0:
-        return out
+        return _sum_splits(out.zero_() if splits > 1 else out, splits)
     x1, x2, w = x1.contiguous(), x2.contiguous(), w.contiguous()
     block, warps = _block_f(F)
     unused = out  # any tensor: pointer arguments the kernel does not read (CONV off)
     TP_FWD.launch(
         product_module(key),
-        (rows, _cdiv(F, block)),
+        (splits * rows, _cdiv(F, block)),
         num_warps=warps,
         x1_ptr=x1,
         x2_ptr=x2,
@@ -140,10 +152,11 @@ def tp_fwd(
         CONV=conv,
         W_INDEX=widx is not None,
         PIPELINE=TP_PIPELINE and conv,  # a dense row is one step: nothing to overlap
+        SPLITS=splits,
         BLOCK_F=block,
         DT=_DT[out.dtype],
     )
-    return out
+    return _sum_splits(out, splits)
 
 
 @tp_fwd.register_fake
@@ -177,19 +190,26 @@ def tp_bwd(
     go, x1, x2, w = go.contiguous(), x1.contiguous(), x2.contiguous(), w.contiguous()
     shared = w.dim() == 1
     dev, dt = x2.device, x2.dtype
-    g1 = torch.empty(x1.shape[0], spec.in1_comps * F, dtype=dt, device=dev) if need_x1 else x1.new_empty(0)
+    splits = _walk_splits(conv)  # the sender walks (input 1's gradient) write partial sums per split
+    g1 = torch.empty(splits * x1.shape[0], spec.in1_comps * F, dtype=dt, device=dev) if need_x1 else x1.new_empty(0)
     # A broadcast input 2 (one channel, the edge attributes) gets its channel sum in-kernel:
     # one program then covers every channel.
     reduce_g2 = need_x2 and f2 == 1 and F > 1 and F <= 256
     g2 = torch.empty(rows, spec.in2_comps * (1 if reduce_g2 else F), dtype=dt, device=dev) if need_x2 else x2.new_empty(0)
-    gw = torch.empty(rows, spec.n_paths * F, dtype=dt, device=dev) if need_w else w.new_empty(0)
+    in_rows = _rows_in_kernel(widx)
+    if not need_w:
+        gw = w.new_empty(0)
+    elif in_rows:  # each listed edge's gradient is added into its row
+        gw = torch.zeros(w.shape[0], spec.n_paths * F, dtype=dt, device=dev)
+    else:
+        gw = torch.empty(rows, spec.n_paths * F, dtype=dt, device=dev)
     block, warps = _block_f(F)
     mod = product_module(key)
     w_row = 0 if shared else w.shape[1]
     # convolution with input 1's gradient and another: one pass per sender (tp_bwd_csr)
     fused = conv and need_x1 and (need_x2 or need_w) and FUSED_CSR_BACKWARD and not shared and F > 0
     if fused:
-        _bwd_csr(mod, go, x1, x2, w, widx, g1, g2, gw, receivers, perm, srowptr, f1, f2, F, need_x2, need_w, reduce_g2)
+        _bwd_csr(mod, go, x1, x2, w, widx, wrows, g1, g2, gw, receivers, perm, srowptr, f1, f2, F, need_x2, need_w, reduce_g2, splits)
     elif not guard_or_false(rows == 0) and F and (need_x2 or need_w or (need_x1 and not conv)):
         unused = go  # any tensor: pointer arguments the kernel does not read (their NEED_*/CONV flag is off)
         eblock = _next_pow2(F) if reduce_g2 else block
@@ -202,6 +222,7 @@ def tp_bwd(
             x2_ptr=x2,
             w_ptr=w,
             widx_ptr=widx if widx is not None else unused,
+            wrows_ptr=wrows if in_rows else unused,
             g1_ptr=g1 if need_x1 and not conv else unused,
             g2_ptr=g2 if need_x2 else unused,
             gw_ptr=gw if need_w else unused,
@@ -221,6 +242,7 @@ def tp_bwd(
             F=F,
             CONV=conv,
             W_INDEX=widx is not None,
+            W_ROWS=in_rows,
             NEED_G1=need_x1 and not conv,
             NEED_G2=need_x2,
             NEED_GW=need_w,
@@ -231,7 +253,7 @@ def tp_bwd(
     if need_x1 and conv and not fused and not guard_or_false(x1.shape[0] == 0) and F:
         TP_BWD_X1_CSR.launch(
             mod,
-            (x1.shape[0], _cdiv(F, block)),
+            (splits * x1.shape[0], _cdiv(F, block)),
             num_warps=warps,
             go_ptr=go,
             x2_ptr=x2,
@@ -249,13 +271,14 @@ def tp_bwd(
             F2C=f2,
             F=F,
             W_INDEX=widx is not None,
+            SPLITS=splits,
             BLOCK_F=block,
             DT=_DT[dt],
         )
     elif need_x1 and conv and not fused:
         g1.zero_()
     if need_x1:
-        g1 = _reduce_channels(g1, spec.in1_comps, f1)
+        g1 = _reduce_channels(_sum_splits(g1, splits), spec.in1_comps, f1)
     if need_x2 and not reduce_g2:
         g2 = _reduce_channels(g2, spec.in2_comps, f2)
     if need_w and shared:
@@ -263,22 +286,24 @@ def tp_bwd(
     return g1, g2, gw
 
 
-def _bwd_csr(mod, go, x1, x2, w, widx, g1, g2, gw, receivers, perm, srowptr, f1, f2, F, need_x2, need_w, reduce_g2) -> None:
-    """Launch ``tp_bwd_csr``: one program per sender (and channel block; a single block covering
-    every channel when input 2's gradient is summed over channels in-kernel)."""
+def _bwd_csr(mod, go, x1, x2, w, widx, wrows, g1, g2, gw, receivers, perm, srowptr, f1, f2, F, need_x2, need_w, reduce_g2, splits) -> None:
+    """Launch ``tp_bwd_csr``: ``splits`` programs per sender (and channel block; a single block
+    covering every channel when input 2's gradient is summed over channels in-kernel), input 1's
+    gradient as partial sums in ``g1 [splits * nodes, ...]``."""
     if guard_or_false(x1.shape[0] == 0):
         return
     block = _next_pow2(F) if reduce_g2 else _block_f(F)[0]
     unused = go  # pointer arguments the kernel does not read (their NEED_* flag is off)
     TP_BWD_CSR.launch(
         mod,
-        (x1.shape[0], _cdiv(F, block)),
+        (splits * x1.shape[0], _cdiv(F, block)),
         num_warps=max(1, block // 32),
         go_ptr=go,
         x1_ptr=x1,
         x2_ptr=x2,
         w_ptr=w,
         widx_ptr=widx if widx is not None else unused,
+        wrows_ptr=wrows if _rows_in_kernel(widx) else unused,
         g1_ptr=g1,
         g2_ptr=g2 if need_x2 else unused,
         gw_ptr=gw if need_w else unused,
@@ -298,9 +323,11 @@ def _bwd_csr(mod, go, x1, x2, w, widx, g1, g2, gw, receivers, perm, srowptr, f1,
         F2C=f2,
         F=F,
         W_INDEX=widx is not None,
+        W_ROWS=_rows_in_kernel(widx),
         NEED_G2=need_x2,
         NEED_GW=need_w,
         REDUCE_G2=reduce_g2,
+        SPLITS=splits,
         BLOCK_F=block,
         DT=_DT[x2.dtype],
     )
@@ -316,8 +343,9 @@ def _(go, x1, x2, w, receivers, senders, rowptr, perm, srowptr, widx, wrows, key
 
 
 def _edge_weight_shape(w: Tensor, x2: Tensor, widx: Optional[Tensor]) -> tuple:
-    """Shape of the weights' gradient as the kernels produce it: per edge with ``widx``."""
-    return (x2.shape[0], w.shape[1]) if widx is not None else tuple(w.shape)
+    """Shape of the weights' gradient as the kernels produce it: per edge with ``widx`` unless the
+    kernels sum it into rows (then, as without ``widx``, shaped like ``w``)."""
+    return (x2.shape[0], w.shape[1]) if widx is not None and not _rows_in_kernel(widx) else tuple(w.shape)
 
 
 _GRAPH = 7  # graph tensors after the operands: receivers, senders, rowptr, perm, srowptr, widx, wrows
@@ -330,10 +358,19 @@ def _tp_setup(ctx, inputs, output):
 
 
 def _rows_grad(gw: Tensor, graph) -> Tensor:
-    """The weights' gradient per row: ``gw`` itself, or its edges summed per row with ``widx``
-    (``weight_rows_sum``, one Triton pass)."""
+    """The weights' gradient per row: ``gw`` itself (no ``widx``, or the kernels summed it into
+    rows), or its edges summed per row (``weight_rows_sum``, one Triton pass)."""
     widx, wrows = graph[5], graph[6]
-    return gw if wrows is None else weight_rows_sum(gw, wrows, widx)
+    return gw if wrows is None or _rows_in_kernel(widx) else weight_rows_sum(gw, wrows, widx)
+
+
+def _edge_cotangent(ggw: Tensor, graph) -> Tensor:
+    """``ggw`` per edge: the cotangent of a weight gradient the kernels summed into rows, read by
+    each edge its row lists (zero for the others). Differentiable (plain tensor operations)."""
+    widx, wrows = graph[5], graph[6]
+    if wrows is None or not _rows_in_kernel(widx):
+        return ggw
+    return torch.where(listed_edges(wrows, widx).unsqueeze(-1), ggw.index_select(0, widx), 0)
 
 
 _AccumulateGrad = torch._C._functions.AccumulateGrad
@@ -407,7 +444,7 @@ def _tp_bwd_backward(ctx, gg1, gg2, ggw):
     differentiable or with ``FUSED_DOUBLE_BACKWARD`` off.
     """
     go, x1, x2, w, *graph = ctx.saved_tensors
-    # ggw (the cotangent of the per-edge weight gradient) is per edge: it is read without widx
+    # the composition reads ggw per edge, without widx (the fused kernels read it as tp_bwd wrote gw)
     edge_graph = (*graph[:5], None, None)
     key = ctx.key
     n1, n2, nw = ctx.flags
@@ -421,6 +458,8 @@ def _tp_bwd_backward(ctx, gg1, gg2, ggw):
         if flags[3]:
             outs[3] = _rows_grad(outs[3], graph)
         return tuple(o if c else None for o, c in zip(outs, flags)) + (None,) * (_GRAPH + 4)
+
+    ggw = None if ggw is None else _edge_cotangent(ggw, graph)
 
     def fwd(a, b, c):
         return tp_fwd(a, b, c, *(edge_graph if c is ggw else graph), key)

@@ -91,9 +91,17 @@ def traceable(kernel: Any, probe: Any) -> Any:
 # Tensor products (one generated module per configuration, see codegen.generate_product_source).
 # *_ptr: tensor data; *_row: row strides (elements); F1S/F2S: channel stride of input 1/2
 # (0 for a broadcast one-channel input); F1C/F2C: channels of input 1/2; F: output channels.
-# W_INDEX: edge/row e reads weight row widx[e] (widx_ptr, int64), else row e; weight gradients
-# stay per edge/row (the caller sums the edges of each row, see ops.weight_rows_sum).
+# W_INDEX: edge/row e reads weight row widx[e] (widx_ptr, int64), else row e. W_ROWS (with
+# W_INDEX): the weight gradient is per weight row [R, n_paths * F], each listed edge's gradient
+# (wrows_ptr: [R, 2] int64, the edges each row sums, -1 for none) added atomically into its
+# zeroed row; without it the weight gradient stays per edge/row (the caller sums the edges of
+# each row, see ops.weight_rows_sum). In the fused double backward W_ROWS also reads ggw per
+# weight row (zero for an edge its row does not list).
 # PIPELINE (tp_fwd): load the next edge's operands before computing the current edge's messages.
+# SPLITS (the kernels walking a node's edges, convolution mode): grid axis 0 holds SPLITS programs
+# per node, each walking a consecutive part of the node's edges; per-node results are partial sums
+# in rows s * nodes + node of a [SPLITS * nodes, ...] output that the launcher sums (per-edge
+# results are written once, as without splits). 1: one program per node.
 TP_FWD = KernelSignature(
     "tp_fwd",
     args=(
@@ -114,16 +122,16 @@ TP_FWD = KernelSignature(
         "F2C",
         "F",
     ),
-    constexprs=("CONV", "W_INDEX", "PIPELINE", "BLOCK_F", "DT"),
+    constexprs=("CONV", "W_INDEX", "PIPELINE", "SPLITS", "BLOCK_F", "DT"),
 )
 # The backward's tensors and their row strides, then the channel arguments (tp_bwd_edge, tp_bwd_csr).
-_BWD_TENSORS = ("go_ptr", "x1_ptr", "x2_ptr", "w_ptr", "widx_ptr", "g1_ptr", "g2_ptr", "gw_ptr")
+_BWD_TENSORS = ("go_ptr", "x1_ptr", "x2_ptr", "w_ptr", "widx_ptr", "wrows_ptr", "g1_ptr", "g2_ptr", "gw_ptr")
 _BWD_ROWS = ("go_row", "x1_row", "x2_row", "w_row", "g1_row", "g2_row", "gw_row")
 _CHANNELS = ("F1S", "F2S", "F1C", "F2C", "F")
 TP_BWD_EDGE = KernelSignature(
     "tp_bwd_edge",
     args=(*_BWD_TENSORS, "recv_ptr", "send_ptr", *_BWD_ROWS, *_CHANNELS),
-    constexprs=("CONV", "W_INDEX", "NEED_G1", "NEED_G2", "NEED_GW", "REDUCE_G2", "BLOCK_F", "DT"),
+    constexprs=("CONV", "W_INDEX", "W_ROWS", "NEED_G1", "NEED_G2", "NEED_GW", "REDUCE_G2", "BLOCK_F", "DT"),
 )
 TP_BWD_X1_CSR = KernelSignature(
     "tp_bwd_x1_csr",
@@ -144,7 +152,7 @@ TP_BWD_X1_CSR = KernelSignature(
         "F2C",
         "F",
     ),
-    constexprs=("W_INDEX", "BLOCK_F", "DT"),
+    constexprs=("W_INDEX", "SPLITS", "BLOCK_F", "DT"),
 )
 # The convolution backward in one pass per sender: the gradient of input 1 (as tp_bwd_x1_csr) and,
 # for each of the sender's edges, those of input 2 and the weights (as tp_bwd_edge), every edge
@@ -152,7 +160,7 @@ TP_BWD_X1_CSR = KernelSignature(
 TP_BWD_CSR = KernelSignature(
     "tp_bwd_csr",
     args=(*_BWD_TENSORS, "srowptr_ptr", "perm_ptr", "recv_ptr", *_BWD_ROWS, *_CHANNELS),
-    constexprs=("W_INDEX", "NEED_G2", "NEED_GW", "REDUCE_G2", "BLOCK_F", "DT"),
+    constexprs=("W_INDEX", "W_ROWS", "NEED_G2", "NEED_GW", "REDUCE_G2", "SPLITS", "BLOCK_F", "DT"),
 )
 
 # Fused double backward (codegen_double.generate_double_backward_source, its own module per
@@ -172,6 +180,7 @@ TP_DBWD_ROW = KernelSignature(
         "x2_ptr",
         "w_ptr",
         "widx_ptr",
+        "wrows_ptr",
         "gg1_ptr",
         "gg2_ptr",
         "ggw_ptr",
@@ -207,7 +216,9 @@ TP_DBWD_ROW = KernelSignature(
         "RED_X2",
         "SHARED_W",
         "W_INDEX",
+        "W_ROWS",
         "ROW_GROUPS",
+        "SPLITS",
         "BLOCK_F",
         "DT",
     ),
@@ -219,6 +230,7 @@ TP_DBWD_X1_CSR = KernelSignature(
         "x2_ptr",
         "w_ptr",
         "widx_ptr",
+        "wrows_ptr",
         "gg2_ptr",
         "ggw_ptr",
         "dx1_ptr",
@@ -233,7 +245,7 @@ TP_DBWD_X1_CSR = KernelSignature(
         "F2C",
         "F",
     ),
-    constexprs=("HAS_GG2", "HAS_GGW", "RED_X1", "W_INDEX", "BLOCK_F", "DT"),
+    constexprs=("HAS_GG2", "HAS_GGW", "RED_X1", "W_INDEX", "W_ROWS", "SPLITS", "BLOCK_F", "DT"),
 )
 
 # Direction expansion (codegen.generate_expansion_source); n: rows, BLOCK: rows per program.

@@ -1,5 +1,15 @@
 """The weights' gradient per row of a product reading its weights through an index (Triton).
 
+Two ways, chosen by ``FLASHCART_WEIGHT_ROW_SUM`` (read at import into :data:`IN_KERNEL`; tests and
+benchmarks flip the module attribute):
+
+* ``atomic`` (default): the product's backward kernels add each listed edge's weight gradient
+  into its row of a zeroed ``[R, W]`` output (``W_ROWS``, see ``signatures``), and the fused double
+  backward reads the rows' cotangent through the index: no ``[E, W]`` tensor, no extra pass. A
+  row sums at most two edges into zero, and floating-point addition is commutative, so the
+  result is the same whichever edge's addition lands first.
+* ``pass``: the kernels write per-edge gradients ``[E, W]`` and :func:`weight_rows_sum` sums them.
+
 ``weight_rows_sum(g [E, W], edges [R, 2], index [E]) -> [R, W]``: row ``r`` is
 ``g[edges[r, 0]] + g[edges[r, 1]]`` (``-1`` adds nothing), one pass that reads the listed rows
 of ``g`` and writes each output row once: no atomics, and the same float sum as the PyTorch
@@ -8,6 +18,8 @@ serves the derivative: edge ``e`` gets its row's cotangent if the row lists it, 
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -19,7 +31,21 @@ from .._weight_rows import listed_edges
 from .common import cdiv, kernel_op, next_pow2
 from .signatures import launch_kernel
 
-__all__ = ["weight_rows_sum"]
+__all__ = ["weight_rows_sum", "IN_KERNEL", "row_sum_mode"]
+
+_ENV = "FLASHCART_WEIGHT_ROW_SUM"
+
+
+def row_sum_mode() -> bool:
+    """``FLASHCART_WEIGHT_ROW_SUM``: ``atomic`` (default, ``True``): the kernels sum each row's edges;
+    ``pass`` (``False``): a separate pass does. Anything else is an error naming the variable."""
+    raw = os.environ.get(_ENV, "").strip() or "atomic"
+    if raw not in ("atomic", "pass"):
+        raise ValueError(f"environment variable {_ENV} must be 'atomic' or 'pass', got {raw!r}")
+    return raw == "atomic"
+
+
+IN_KERNEL = row_sum_mode()
 
 _BLOCK_W = 512  # columns per program at most (4 warps at float32)
 
