@@ -115,6 +115,7 @@
 #   rowsum   one GPU: the weight-row sums in the kernels against the separate pass: GPU parity, force call A/B (about 7 minutes)
 #   rowtrain one GPU: the compiled training step's kernels with the weight-row sums in the kernels and in a pass (about 7 minutes)
 #   splits   one GPU: the convolution kernels with each node's edges split over programs: parity, kernels, force call (about 8 minutes)
+#   final6   one GPU: split-walk GPU parity, the training step's kernels with the defaults (about 6.5 minutes)
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -716,6 +717,13 @@ splits)
       --model i2c3f20l2r --structure diamond --calls reduce-overhead --setting pair --rounds 9 --calls-per-round 50
   done > "$out/calls_splits.log" 2>&1
   ;;
+final6)
+  # the session's last call: GPU parity of the split walks (part splits ran out of its 100 s) and the weight rows' determinism,
+  # then the compiled training step's kernels with the double backward split 4 ways and the row sums in the kernels (defaults)
+  gpu_tests 0 "tests/cartesian/test_triton_parity.py::test_split_walks_equal_the_reference tests/cartesian/test_weight_rows.py::test_kernels_sum_rows_deterministically:180" > "$out/tests.log" 2>&1
+  timeout 200 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases training --compile-mode default \
+    --repeat 3 --rows 25 > "$out/profile_training.log" 2>&1
+  ;;
 geomdump)
   geomdump 200
   ;;
@@ -723,7 +731,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, geomdump or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, geomdump or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

@@ -16,7 +16,8 @@ receiver pass split by output rank over a grid axis: two launches, no register s
 ``FLASHCART_FUSED_DOUBLE_BACKWARD=0``). The Triton backward is also timed the other way of
 ``FLASHCART_FUSED_CSR_BACKWARD`` (one pass per sender, ``tp_bwd_csr``, against the two kernels).
 ``--splits 1 2 4`` times the Triton kernels with each node's edges walked by that many programs
-(``FLASHCART_TP_SPLITS``; default: the environment's setting).
+in every walk (``FLASHCART_TP_SPLITS`` and ``FLASHCART_DBWD_SPLITS``; default: the environment's
+settings; the table's column says forward-and-backward / double-backward splits).
 
     python benchmarks/kernels.py --features 20 64 128 [--dbwd fused split grouped composed] [--splits 1 4] [--json out.json]
 
@@ -180,10 +181,11 @@ def main() -> None:
     bw = copy_bandwidth()
     print(f"atoms {n}, edges {E}, copy bandwidth {bw / 1e12:.2f} TB/s")
     rows = []
-    runs = [(b, S) for b in args.backends for S in (args.splits or [common.TP_SPLITS] if b == "triton" else [1])]
+    runs = [(b, S) for b in args.backends for S in (args.splits or [None] if b == "triton" else [None])]
     for F in args.features:
         for backend, splits in runs:
-            common.TP_SPLITS = splits
+            if splits is not None:  # every walk split alike; else the environment's settings
+                common.TP_SPLITS = common.DBWD_SPLITS = splits
             tp = TensorProduct(2, 3, args.out_l_max, F, 1, backend=backend)
             x1 = torch.randn(n, tp.in1_width, device=dev, requires_grad=True)
             x2 = attrs.detach().clone().requires_grad_()
@@ -223,7 +225,7 @@ def main() -> None:
             row = dict(
                 F=F,
                 backend=backend,
-                splits=splits,
+                splits=f"{common.TP_SPLITS}/{common.DBWD_SPLITS}",
                 paths=tp.n_paths,
                 fwd_ms=t_f,
                 bwd_ms=t_b,
@@ -238,7 +240,7 @@ def main() -> None:
                 dbwd_roofline=b_d / (first * 1e-3) / bw,
             )
             rows.append(row)
-            print(f"F={F} {backend} splits={splits}: fwd {t_f:.3f} bwd {t_b:.3f} dbwd {first:.3f} ms", flush=True)
+            print(f"F={F} {backend} splits={row['splits']}: fwd {t_f:.3f} bwd {t_b:.3f} dbwd {first:.3f} ms", flush=True)
             del out, grads, s
             torch.cuda.empty_cache()
     head = f"{'F':>4} {'backend':>7} {'splits':>6} {'fwd ms':>8} {'bwd ms':>8} {'dbwd ms':>8} {'fwd %bw':>8} {'bwd %bw':>8} {'dbwd %bw':>8}"
@@ -247,7 +249,7 @@ def main() -> None:
     for r in rows:
         modes = "  ".join(f"{m} {t:.3f} ({t / r['fwd_ms']:.1f}x)" for m, t in r["dbwd_modes_ms"].items())
         print(
-            f"{r['F']:4d} {r['backend']:>7} {r['splits']:6d} {r['fwd_ms']:8.3f} {r['bwd_ms']:8.3f} {r['dbwd_ms']:8.3f} "
+            f"{r['F']:4d} {r['backend']:>7} {r['splits']:>6} {r['fwd_ms']:8.3f} {r['bwd_ms']:8.3f} {r['dbwd_ms']:8.3f} "
             f"{100 * r['fwd_roofline']:7.1f}% {100 * r['bwd_roofline']:7.1f}% {100 * r['dbwd_roofline']:7.1f}%  "
             f"{'-' if r['bwd_other_ms'] is None else format(r['bwd_other_ms'], '.3f'):>8}  {modes}"
         )

@@ -196,8 +196,8 @@ def test_pipelined_forward_equals_plain(F, device, monkeypatch):
 )
 def test_split_walks_equal_the_reference(splits, variant, device, monkeypatch):
     """Each node's edges walked by several programs (``SPLITS``: partial sums per node, added by
-    the launcher) in the forward, the backward's sender walks and both passes of the fused double
-    backward: forward and backward at 1e-12, double backward at 1e-10 in float64 against the
+    the launcher) in the forward, the backward's sender walks (``TP_SPLITS``) and both passes of
+    the fused double backward (``DBWD_SPLITS``, one more): forward and backward at 1e-12, double backward at 1e-10 in float64 against the
     PyTorch backend. The graph has a node without edges and parts without edges (5 splits of
     degrees below 5)."""
     import flashcart.cartesian._triton.common as common
@@ -205,6 +205,7 @@ def test_split_walks_equal_the_reference(splits, variant, device, monkeypatch):
     from flashcart.cartesian import WeightRows
 
     monkeypatch.setattr(common, "TP_SPLITS", splits)
+    monkeypatch.setattr(common, "DBWD_SPLITS", splits + 1)
     monkeypatch.setattr(ops, "FUSED_CSR_BACKWARD", variant != "two-kernel backward")
     dtype = torch.float64
     F = 70 if variant.startswith("F70") else 3
@@ -235,16 +236,17 @@ def test_split_walks_equal_the_reference(splits, variant, device, monkeypatch):
     _compare_to_second_order(fn_ref, fn_tri, [x1, x2, w], dtype)
 
 
-def test_splits_mode_from_environment(monkeypatch):
+@pytest.mark.parametrize("variable, default", [("FLASHCART_TP_SPLITS", 1), ("FLASHCART_DBWD_SPLITS", 4)])
+def test_splits_mode_from_environment(variable, default, monkeypatch):
     from flashcart.cartesian._triton.common import splits_mode
 
-    for raw, want in (("", 1), ("1", 1), ("4", 4), ("16", 16)):
-        monkeypatch.setenv("FLASHCART_TP_SPLITS", raw)
-        assert splits_mode() == want
+    for raw, want in (("", default), ("1", 1), ("4", 4), ("16", 16)):
+        monkeypatch.setenv(variable, raw)
+        assert splits_mode(variable) == want
     for raw in ("0", "17", "auto", "-2"):
-        monkeypatch.setenv("FLASHCART_TP_SPLITS", raw)
-        with pytest.raises(ValueError, match=f"FLASHCART_TP_SPLITS must be an integer from 1 to 16, got '{raw}'"):
-            splits_mode()
+        monkeypatch.setenv(variable, raw)
+        with pytest.raises(ValueError, match=f"{variable} must be an integer from 1 to 16, got '{raw}'"):
+            splits_mode(variable)
 
 
 def test_pipeline_mode_from_environment(monkeypatch):

@@ -83,28 +83,35 @@ def reduce_channels(g: Tensor, comps: int, n_channels: int) -> Tensor:
     return g.view(g.shape[0], comps, -1).sum(-1)
 
 
-_SPLITS_ENV = "FLASHCART_TP_SPLITS"
 _MAX_SPLITS = 16
+# variable -> default: the forward's and backward's node walks, the fused double backward's
+_SPLITS_DEFAULTS = {"FLASHCART_TP_SPLITS": 1, "FLASHCART_DBWD_SPLITS": 4}
 
 
-def splits_mode() -> int:
-    """``FLASHCART_TP_SPLITS``: how many programs walk each node's edges in the convolution
-    kernels (``SPLITS``), an integer from 1 to 16 (default 1: one program per node); anything
-    else is an error naming the variable."""
-    raw = os.environ.get(_SPLITS_ENV, "").strip() or "1"
+def splits_mode(variable: str = "FLASHCART_TP_SPLITS") -> int:
+    """How many programs walk each node's edges in the convolution kernels (``SPLITS``), an
+    integer from 1 to 16: ``FLASHCART_TP_SPLITS`` for the forward and the backward (default 1),
+    ``FLASHCART_DBWD_SPLITS`` for the fused double backward (default 4). Anything else is an
+    error naming the variable. On the H200 (i2c3f20l2r's convolution, 1000-atom diamond, 20
+    channels) 4 splits took the double backward from 2.013 to 1.191 ms, while the forward (0.148
+    -> 0.177 ms) and the backward (0.464 -> 0.487 ms) were slower split (RESULTS.md, 2026-12-03)."""
+    raw = os.environ.get(variable, "").strip() or str(_SPLITS_DEFAULTS[variable])
     if not raw.isdigit() or not 1 <= int(raw) <= _MAX_SPLITS:
-        raise ValueError(f"environment variable {_SPLITS_ENV} must be an integer from 1 to {_MAX_SPLITS}, got {raw!r}")
+        raise ValueError(f"environment variable {variable} must be an integer from 1 to {_MAX_SPLITS}, got {raw!r}")
     return int(raw)
 
 
-# Read at import; tests and benchmarks flip the module attribute.
-TP_SPLITS = splits_mode()
+# Read at import; tests and benchmarks flip the module attributes.
+TP_SPLITS = splits_mode("FLASHCART_TP_SPLITS")
+DBWD_SPLITS = splits_mode("FLASHCART_DBWD_SPLITS")
 
 
-def walk_splits(conv: bool) -> int:
-    """``SPLITS`` of a launch: :data:`TP_SPLITS` in convolution mode, 1 in dense mode (a row is
-    one step)."""
-    return TP_SPLITS if conv else 1
+def walk_splits(conv: bool, double_backward: bool = False) -> int:
+    """``SPLITS`` of a launch: :data:`TP_SPLITS` (:data:`DBWD_SPLITS` for the fused double
+    backward) in convolution mode, 1 in dense mode (a row is one step)."""
+    if not conv:
+        return 1
+    return DBWD_SPLITS if double_backward else TP_SPLITS
 
 
 def sum_splits(t: Tensor, splits: int) -> Tensor:
