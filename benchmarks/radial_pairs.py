@@ -12,9 +12,10 @@ input (what a force call needs), in three ways:
 * ``pairs + gather``: the MLP on one edge per pair, the weights gathered to both edges
   (``index_select``; its backward adds both edges' gradients back with ``index_add``);
 * ``pairs + rows``: the MLP on one edge per pair, read by the products through the pair index
-  (``WeightRows``): no gather; the per-edge weight gradient the products write is summed per pair
-  (``weight_rows_sum``, one Triton pass on CUDA: two rows read per pair, no atomics). What the model runs with
-  ``radial_pairs`` on;
+  (``WeightRows``): no gather; the per-edge weight gradient is summed per pair (timed here as the
+  separate pass, ``weight_rows_sum``: one Triton pass on CUDA, two rows read per pair; the model's
+  products add it into the rows in their own kernels by default, ``FLASHCART_WEIGHT_ROW_SUM``). What
+  the model runs with ``radial_pairs`` on;
 * ``pairs only``: the MLP on one edge per pair and nothing else. This is the lower bound.
 
 It also checks that the list is pair-complete, and times how long finding the reverse edges takes
