@@ -116,6 +116,7 @@
 #   rowtrain one GPU: the compiled training step's kernels with the weight-row sums in the kernels and in a pass (about 7 minutes)
 #   splits   one GPU: the convolution kernels with each node's edges split over programs: parity, kernels, force call (about 8 minutes)
 #   final6   one GPU: split-walk GPU parity, the training step's kernels with the defaults (about 6.5 minutes)
+#   nextsplits one GPU, the next session's first call: determinism test, kernels at 64 channels split, force call (about 7 minutes)
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -724,6 +725,14 @@ final6)
   timeout 200 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases training --compile-mode default \
     --repeat 3 --rows 25 > "$out/profile_training.log" 2>&1
   ;;
+nextsplits)
+  # the next session's first call: the weight rows' determinism test on the GPU (cut at the limit on 2026-12-03), the
+  # kernels at 64 channels split 1 and 4 ways (not reached that day), the reduce-overhead force call with the defaults
+  gpu_tests 0 "tests/cartesian/test_weight_rows.py::test_kernels_sum_rows_deterministically:120" > "$out/tests.log" 2>&1
+  timeout 150 python3 benchmarks/kernels.py --features 64 --out-l-max 3 --backends triton --dbwd fused --splits 1 4 > "$out/kernels_splits64.log" 2>&1
+  timeout 120 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond --calls reduce-overhead \
+    --setting pair --rounds 9 --calls-per-round 50 > "$out/calls_small.log" 2>&1
+  ;;
 geomdump)
   geomdump 200
   ;;
@@ -731,7 +740,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, geomdump or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, geomdump or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done
