@@ -167,6 +167,8 @@ def main() -> None:
     parser.add_argument("--splits", type=int, nargs="+", default=None, help="Triton: programs per node's edge walk (each value in turn)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    if args.splits and not all(1 <= n <= 16 for n in args.splits):
+        parser.error(f"--splits values must be integers from 1 to 16, got {args.splits}")
     if args.host_overhead:
         for what, (us, n_launch) in host_overhead(args.features[0]).items():
             print(f"{what:14s} {us:8.1f} us/call  {n_launch:.0f} launches")

@@ -21,10 +21,10 @@ import torch
 from torch import Tensor
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
-from . import weight_rows as _row_sums
 from .common import DT, block_f, cdiv, kernel_op, sum_splits, tp_shapes, walk_splits
 from .signatures import TP_DBWD_ROW, TP_DBWD_X1_CSR
 from .source import double_backward_module
+from .weight_rows import rows_in_kernel, weight_grad_shape
 
 __all__ = ["tp_dbwd", "fused_outputs", "env_mode", "SPLIT_ROW_PASS", "ROW_GROUPS"]
 
@@ -65,12 +65,6 @@ def fused_outputs(has_gg1: bool, has_gg2: bool, has_ggw: bool, need: tuple[bool,
         n_x2 and (has_gg1 or has_ggw),
         n_w and (has_gg1 or has_gg2),
     )
-
-
-def _weight_grad_shape(w: Tensor, x2: Tensor, widx: Optional[Tensor]) -> tuple:
-    """Shape of ``ggw`` and ``d w``: like ``w``, or per edge with ``widx`` when the kernels do not
-    sum weight gradients into rows."""
-    return (x2.shape[0], w.shape[-1]) if widx is not None and not _row_sums.IN_KERNEL else tuple(w.shape)
 
 
 def _check_like(t: Optional[Tensor], shape, what: str) -> None:
@@ -116,8 +110,8 @@ def tp_dbwd(
     spec, f1, f2, F = tp_shapes(key, x1, x2)
     _check_like(gg1, x1.shape, "gg1")
     _check_like(gg2, x2.shape, "gg2")
-    in_rows = widx is not None and _row_sums.IN_KERNEL
-    _check_like(ggw, _weight_grad_shape(w, x2, widx), "ggw")
+    in_rows = rows_in_kernel(widx)
+    _check_like(ggw, weight_grad_shape(w, x2, widx), "ggw")
     has1, has2, hasw = gg1 is not None, gg2 is not None, ggw is not None
     c_go, c_x1, c_x2, c_w = fused_outputs(has1, has2, hasw, (need_go, need_x1, need_x2, need_w))
     conv = receivers is not None
@@ -258,5 +252,5 @@ def tp_dbwd(
 @tp_dbwd.register_fake
 def _(go, x1, x2, w, gg1, gg2, ggw, receivers, senders, rowptr, perm, srowptr, widx, wrows, key, need_go, need_x1, need_x2, need_w):
     flags = fused_outputs(gg1 is not None, gg2 is not None, ggw is not None, (need_go, need_x1, need_x2, need_w))
-    shapes = (go.shape, x1.shape, x2.shape, _weight_grad_shape(w, x2, widx))
+    shapes = (go.shape, x1.shape, x2.shape, weight_grad_shape(w, x2, widx))
     return tuple(t.new_empty(s) if c else t.new_empty(0) for t, s, c in zip((go, x1, x2, w), shapes, flags))

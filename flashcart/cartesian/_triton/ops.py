@@ -29,7 +29,6 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 from .._layout import edge_csr
 from .._linear_spec import BWD_W, BWD_X, COLUMN, FWD, N_COLS, launch_rows, linear_spec, n_tiles
 from .._weight_rows import listed_edges
-from . import weight_rows as _row_sums
 from .common import DT as _DT
 from .common import block_f as _block_f
 from .common import cdiv as _cdiv
@@ -46,6 +45,8 @@ from .signatures import EXPANSION_FWD, EXPANSION_SECOND, EXPANSION_VJP, TP_BWD_C
 from .source import expansion_module, product_key, product_module
 from .weight_rows import _backward as _rows_sum_backward
 from .weight_rows import _setup as _rows_sum_setup
+from .weight_rows import rows_in_kernel as _rows_in_kernel
+from .weight_rows import weight_grad_shape as _weight_grad_shape
 from .weight_rows import weight_rows_sum
 
 __all__ = ["tensor_product", "direction_expansion", "equivariant_linear", "edge_csr", "FUSED_DOUBLE_BACKWARD"]
@@ -100,11 +101,6 @@ TP_PIPELINE = _pipeline_mode()
 # ([E, n_paths * F]) and the autograd formulas sum the gradients into rows (weight_rows_sum).
 
 
-def _rows_in_kernel(widx: Optional[Tensor]) -> bool:
-    """Whether the kernels sum the weight gradient into rows (``W_ROWS``) for this call."""
-    return widx is not None and _row_sums.IN_KERNEL
-
-
 @kernel_op("flashcart::tp_fwd")
 def tp_fwd(
     x1: Tensor,
@@ -125,7 +121,7 @@ def tp_fwd(
     splits = _walk_splits(conv)
     out = torch.empty(splits * rows, spec.n_out_blocks * F, dtype=x2.dtype, device=x2.device)
     if guard_or_false(rows == 0) or F == 0:
-        return _sum_splits(out.zero_() if splits > 1 else out, splits)
+        return _sum_splits(out, splits)  # nothing to compute: out has no elements
     x1, x2, w = x1.contiguous(), x2.contiguous(), w.contiguous()
     block, warps = _block_f(F)
     unused = out  # any tensor: pointer arguments the kernel does not read (CONV off)
@@ -209,7 +205,28 @@ def tp_bwd(
     # convolution with input 1's gradient and another: one pass per sender (tp_bwd_csr)
     fused = conv and need_x1 and (need_x2 or need_w) and FUSED_CSR_BACKWARD and not shared and F > 0
     if fused:
-        _bwd_csr(mod, go, x1, x2, w, widx, wrows, g1, g2, gw, receivers, perm, srowptr, f1, f2, F, need_x2, need_w, reduce_g2, splits)
+        _bwd_csr(
+            mod,
+            go,
+            x1,
+            x2,
+            w,
+            widx,
+            wrows if in_rows else None,
+            g1,
+            g2,
+            gw,
+            receivers,
+            perm,
+            srowptr,
+            f1,
+            f2,
+            F,
+            need_x2,
+            need_w,
+            reduce_g2,
+            splits,
+        )
     elif not guard_or_false(rows == 0) and F and (need_x2 or need_w or (need_x1 and not conv)):
         unused = go  # any tensor: pointer arguments the kernel does not read (their NEED_*/CONV flag is off)
         eblock = _next_pow2(F) if reduce_g2 else block
@@ -289,7 +306,8 @@ def tp_bwd(
 def _bwd_csr(mod, go, x1, x2, w, widx, wrows, g1, g2, gw, receivers, perm, srowptr, f1, f2, F, need_x2, need_w, reduce_g2, splits) -> None:
     """Launch ``tp_bwd_csr``: ``splits`` programs per sender (and channel block; a single block
     covering every channel when input 2's gradient is summed over channels in-kernel), input 1's
-    gradient as partial sums in ``g1 [splits * nodes, ...]``."""
+    gradient as partial sums in ``g1 [splits * nodes, ...]``; ``wrows`` given: the weight
+    gradient is summed into rows (``W_ROWS``)."""
     if guard_or_false(x1.shape[0] == 0):
         return
     block = _next_pow2(F) if reduce_g2 else _block_f(F)[0]
@@ -303,7 +321,7 @@ def _bwd_csr(mod, go, x1, x2, w, widx, wrows, g1, g2, gw, receivers, perm, srowp
         x2_ptr=x2,
         w_ptr=w,
         widx_ptr=widx if widx is not None else unused,
-        wrows_ptr=wrows if _rows_in_kernel(widx) else unused,
+        wrows_ptr=wrows if wrows is not None else unused,
         g1_ptr=g1,
         g2_ptr=g2 if need_x2 else unused,
         gw_ptr=gw if need_w else unused,
@@ -323,7 +341,7 @@ def _bwd_csr(mod, go, x1, x2, w, widx, wrows, g1, g2, gw, receivers, perm, srowp
         F2C=f2,
         F=F,
         W_INDEX=widx is not None,
-        W_ROWS=_rows_in_kernel(widx),
+        W_ROWS=wrows is not None,
         NEED_G2=need_x2,
         NEED_GW=need_w,
         REDUCE_G2=reduce_g2,
@@ -338,14 +356,8 @@ def _(go, x1, x2, w, receivers, senders, rowptr, perm, srowptr, widx, wrows, key
     return (
         x1.new_empty(x1.shape) if need_x1 else x1.new_empty(0),
         x2.new_empty(x2.shape) if need_x2 else x2.new_empty(0),
-        w.new_empty(_edge_weight_shape(w, x2, widx)) if need_w else w.new_empty(0),
+        w.new_empty(_weight_grad_shape(w, x2, widx)) if need_w else w.new_empty(0),
     )
-
-
-def _edge_weight_shape(w: Tensor, x2: Tensor, widx: Optional[Tensor]) -> tuple:
-    """Shape of the weights' gradient as the kernels produce it: per edge with ``widx`` unless the
-    kernels sum it into rows (then, as without ``widx``, shaped like ``w``)."""
-    return (x2.shape[0], w.shape[1]) if widx is not None and not _rows_in_kernel(widx) else tuple(w.shape)
 
 
 _GRAPH = 7  # graph tensors after the operands: receivers, senders, rowptr, perm, srowptr, widx, wrows

@@ -31,7 +31,7 @@ from .._weight_rows import listed_edges
 from .common import cdiv, kernel_op, next_pow2
 from .signatures import launch_kernel
 
-__all__ = ["weight_rows_sum", "IN_KERNEL", "row_sum_mode"]
+__all__ = ["weight_rows_sum", "IN_KERNEL", "row_sum_mode", "rows_in_kernel", "weight_grad_shape"]
 
 _ENV = "FLASHCART_WEIGHT_ROW_SUM"
 
@@ -46,6 +46,20 @@ def row_sum_mode() -> bool:
 
 
 IN_KERNEL = row_sum_mode()
+
+
+def rows_in_kernel(widx: Tensor | None) -> bool:
+    """Whether the product kernels sum the weight gradient into rows (``W_ROWS``) for a call
+    reading its weights through ``widx``."""
+    return widx is not None and IN_KERNEL
+
+
+def weight_grad_shape(w: Tensor, x2: Tensor, widx: Tensor | None) -> tuple:
+    """Shape of the weights' gradient the product kernels return (and of its cotangent in the
+    double backward): like ``w``, or per edge ``[edges, W]`` when they read ``widx`` without
+    summing into rows."""
+    return (x2.shape[0], w.shape[-1]) if widx is not None and not IN_KERNEL else tuple(w.shape)
+
 
 _BLOCK_W = 512  # columns per program at most (4 warps at float32)
 
