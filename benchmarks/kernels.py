@@ -18,8 +18,13 @@ receiver pass split by output rank over a grid axis: two launches, no register s
 ``--splits 1 2 4`` times the Triton kernels with each node's edges walked by that many programs
 in every walk (``FLASHCART_TP_SPLITS`` and ``FLASHCART_DBWD_SPLITS``; default: the environment's
 settings; the table's column says forward-and-backward / double-backward splits).
+``--row-sums atomic owner pass`` gives the Triton kernels per-pair weights instead (the radial MLP's
+rows, one per pair of reverse edges, read by both edges through ``WeightRows``, as the model runs
+them) and times each way of summing the weights' gradient into rows in turn
+(``FLASHCART_WEIGHT_ROW_SUM``, see ``flashcart.cartesian._triton.weight_rows``).
 
     python benchmarks/kernels.py --features 20 64 128 [--dbwd fused split grouped composed] [--splits 1 4] [--json out.json]
+    python benchmarks/kernels.py --features 20 --out-l-max 3 --backends triton --dbwd fused --row-sums atomic owner pass
 
 ``--host-overhead`` measures instead, on the CPU, what the Python side of each call costs:
 the launchers run with the kernel launch replaced by a no-op (argument names still checked),
@@ -38,9 +43,11 @@ from pathlib import Path
 import torch
 import triton.testing
 
-from flashcart.cartesian import DirectionExpansion, TensorProduct, edge_csr
+from flashcart.cartesian import DirectionExpansion, TensorProduct, WeightRows, edge_csr
 from flashcart.cartesian._triton import common, double_backward, ops
+from flashcart.cartesian._triton import weight_rows as row_sums
 from flashcart.data.neighbors import neighbor_list
+from flashcart.nn.edge_pairs import edge_pairs
 from flashcart.utils.io import atomic_write_text
 
 
@@ -64,7 +71,7 @@ def diamond(device, dtype=torch.float32):
     cell = torch.eye(3, dtype=torch.float64) * 5 * a
     i, j, shifts = neighbor_list(pos.to(device), 6.0, cell.to(device), (True, True, True))
     vec = pos.to(device)[j] - pos.to(device)[i] + shifts @ cell.to(device)
-    return pos.shape[0], i, j, vec.to(dtype)
+    return pos.shape[0], i, j, vec.to(dtype), shifts
 
 
 def copy_bandwidth() -> float:
@@ -165,6 +172,13 @@ def main() -> None:
     parser.add_argument("--dbwd", nargs="+", default=list(DBWD_MODES), choices=list(DBWD_MODES), help="Triton double-backward modes")
     parser.add_argument("--host-overhead", action="store_true", help="host cost per call on the CPU, launches stubbed")
     parser.add_argument("--splits", type=int, nargs="+", default=None, help="Triton: programs per node's edge walk (each value in turn)")
+    parser.add_argument(
+        "--row-sums",
+        nargs="+",
+        default=None,
+        choices=["atomic", "owner", "pass"],
+        help="Triton: per-pair weight rows, the weights' gradient summed into rows each of these ways in turn",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if args.splits and not all(1 <= n <= 16 for n in args.splits):
@@ -176,25 +190,35 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     dev = "cuda"
-    n, rec, snd, vec = diamond(dev)
+    n, rec, snd, vec, shifts = diamond(dev)
     E = rec.numel()
     csr = edge_csr(rec, snd, n)
+    pairs = edge_pairs(rec, snd, shifts, torch.ones(E, dtype=torch.bool, device=dev), n)
+    pair_rows = WeightRows(pairs.pair_of_edge, pairs.row_edges)
     attrs = DirectionExpansion(3)(vec)
     bw = copy_bandwidth()
     print(f"atoms {n}, edges {E}, copy bandwidth {bw / 1e12:.2f} TB/s")
     rows = []
-    runs = [(b, S) for b in args.backends for S in (args.splits or [None] if b == "triton" else [None])]
+    runs = [
+        (b, S, R)
+        for b in args.backends
+        for S in (args.splits or [None] if b == "triton" else [None])
+        for R in (args.row_sums or [None] if b == "triton" else [None])
+    ]
     for F in args.features:
-        for backend, splits in runs:
+        for backend, splits, row_sum in runs:
             if splits is not None:  # every walk split alike; else the environment's settings
                 common.TP_SPLITS = common.DBWD_SPLITS = splits
+            if row_sum is not None:
+                row_sums.IN_KERNEL, row_sums.OWNER = row_sum != "pass", row_sum == "owner"
+            rows_arg = pair_rows if row_sum is not None else None
             tp = TensorProduct(2, 3, args.out_l_max, F, 1, backend=backend)
             x1 = torch.randn(n, tp.in1_width, device=dev, requires_grad=True)
             x2 = attrs.detach().clone().requires_grad_()
-            w = torch.randn(E, tp.weight_numel, device=dev, requires_grad=True)
+            w = torch.randn(pairs.leader.numel() if rows_arg else E, tp.weight_numel, device=dev, requires_grad=True)
             ins = [x1, x2, w]
             try:
-                fwd = lambda: tp(x1, x2, w, rec, snd, csr)  # noqa: E731
+                fwd = lambda: tp(x1, x2, w, rec, snd, csr, rows_arg)  # noqa: E731
                 out = fwd()
                 go = torch.randn_like(out).requires_grad_()
                 grads = torch.autograd.grad(out, ins, go, create_graph=True)
@@ -228,6 +252,7 @@ def main() -> None:
                 F=F,
                 backend=backend,
                 splits=f"{common.TP_SPLITS}/{common.DBWD_SPLITS}",
+                rows=row_sum or "edge",
                 paths=tp.n_paths,
                 fwd_ms=t_f,
                 bwd_ms=t_b,
@@ -242,16 +267,16 @@ def main() -> None:
                 dbwd_roofline=b_d / (first * 1e-3) / bw,
             )
             rows.append(row)
-            print(f"F={F} {backend} splits={row['splits']}: fwd {t_f:.3f} bwd {t_b:.3f} dbwd {first:.3f} ms", flush=True)
+            print(f"F={F} {backend} splits={row['splits']} rows={row['rows']}: fwd {t_f:.3f} bwd {t_b:.3f} dbwd {first:.3f} ms", flush=True)
             del out, grads, s
             torch.cuda.empty_cache()
-    head = f"{'F':>4} {'backend':>7} {'splits':>6} {'fwd ms':>8} {'bwd ms':>8} {'dbwd ms':>8} {'fwd %bw':>8} {'bwd %bw':>8} {'dbwd %bw':>8}"
+    head = f"{'F':>4} {'backend':>7} {'splits':>6} {'rows':>6} {'fwd ms':>8} {'bwd ms':>8} {'dbwd ms':>8} {'fwd %bw':>8} {'bwd %bw':>8} {'dbwd %bw':>8}"
     other = "two kernels" if ops.FUSED_CSR_BACKWARD else "one pass per sender"
     print(head + f"  bwd {other} ms  dbwd by mode (x fwd)")
     for r in rows:
         modes = "  ".join(f"{m} {t:.3f} ({t / r['fwd_ms']:.1f}x)" for m, t in r["dbwd_modes_ms"].items())
         print(
-            f"{r['F']:4d} {r['backend']:>7} {r['splits']:>6} {r['fwd_ms']:8.3f} {r['bwd_ms']:8.3f} {r['dbwd_ms']:8.3f} "
+            f"{r['F']:4d} {r['backend']:>7} {r['splits']:>6} {r['rows']:>6} {r['fwd_ms']:8.3f} {r['bwd_ms']:8.3f} {r['dbwd_ms']:8.3f} "
             f"{100 * r['fwd_roofline']:7.1f}% {100 * r['bwd_roofline']:7.1f}% {100 * r['dbwd_roofline']:7.1f}%  "
             f"{'-' if r['bwd_other_ms'] is None else format(r['bwd_other_ms'], '.3f'):>8}  {modes}"
         )

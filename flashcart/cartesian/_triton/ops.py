@@ -43,6 +43,7 @@ from .double_backward import tp_dbwd as _tp_dbwd_op
 from .linear_kernel import default_tiles, grouped_matmul, linear_tiles
 from .signatures import EXPANSION_FWD, EXPANSION_SECOND, EXPANSION_VJP, TP_BWD_CSR, TP_BWD_EDGE, TP_BWD_X1_CSR, TP_FWD, launch_kernel
 from .source import expansion_module, product_key, product_module
+from . import weight_rows as _row_sums
 from .weight_rows import _backward as _rows_sum_backward
 from .weight_rows import _setup as _rows_sum_setup
 from .weight_rows import rows_in_kernel as _rows_in_kernel
@@ -95,9 +96,10 @@ TP_PIPELINE = _pipeline_mode()
 # all None in dense mode. Then widx, wrows (both None, or both given): edge e reads weight row
 # widx[e] of w [R, n_paths * F], and the weights' gradient of row r sums the per-edge gradients of
 # the edges wrows[r] lists (flashcart.cartesian._weight_rows). The kernels read rows through widx.
-# With weight_rows.IN_KERNEL (FLASHCART_WEIGHT_ROW_SUM=atomic, default) tp_bwd and tp_dbwd return
-# the weights' gradient per row, shaped like w (the kernels add each listed edge's gradient into
-# its row), and tp_dbwd reads the cotangent ggw per row; otherwise both are per edge
+# With weight_rows.IN_KERNEL (FLASHCART_WEIGHT_ROW_SUM=atomic, default, or owner) tp_bwd and tp_dbwd
+# return the weights' gradient per row, shaped like w (the kernels add each listed edge's gradient
+# into its row, or with owner tp_bwd stores each row from one of its edges), and tp_dbwd reads the
+# cotangent ggw per row; otherwise both are per edge
 # ([E, n_paths * F]) and the autograd formulas sum the gradients into rows (weight_rows_sum).
 
 
@@ -217,6 +219,7 @@ def tp_bwd(
             g2,
             gw,
             receivers,
+            senders,
             perm,
             srowptr,
             f1,
@@ -260,6 +263,7 @@ def tp_bwd(
             CONV=conv,
             W_INDEX=widx is not None,
             W_ROWS=in_rows,
+            W_OWNER=_row_sums.OWNER,
             NEED_G1=need_x1 and not conv,
             NEED_G2=need_x2,
             NEED_GW=need_w,
@@ -303,11 +307,12 @@ def tp_bwd(
     return g1, g2, gw
 
 
-def _bwd_csr(mod, go, x1, x2, w, widx, wrows, g1, g2, gw, receivers, perm, srowptr, f1, f2, F, need_x2, need_w, reduce_g2, splits) -> None:
+def _bwd_csr(mod, go, x1, x2, w, widx, wrows, g1, g2, gw, receivers, senders, perm, srowptr, f1, f2, F, need_x2, need_w, reduce_g2, splits) -> None:
     """Launch ``tp_bwd_csr``: ``splits`` programs per sender (and channel block; a single block
     covering every channel when input 2's gradient is summed over channels in-kernel), input 1's
     gradient as partial sums in ``g1 [splits * nodes, ...]``; ``wrows`` given: the weight
-    gradient is summed into rows (``W_ROWS``)."""
+    gradient is summed into rows (``W_ROWS``; each row stored by its owner edge with
+    ``weight_rows.OWNER``)."""
     if guard_or_false(x1.shape[0] == 0):
         return
     block = _next_pow2(F) if reduce_g2 else _block_f(F)[0]
@@ -328,6 +333,7 @@ def _bwd_csr(mod, go, x1, x2, w, widx, wrows, g1, g2, gw, receivers, perm, srowp
         srowptr_ptr=srowptr,
         perm_ptr=perm,
         recv_ptr=receivers,
+        send_ptr=senders,
         go_row=go.shape[1],
         x1_row=x1.shape[1],
         x2_row=x2.shape[1],
@@ -342,6 +348,7 @@ def _bwd_csr(mod, go, x1, x2, w, widx, wrows, g1, g2, gw, receivers, perm, srowp
         F=F,
         W_INDEX=widx is not None,
         W_ROWS=wrows is not None,
+        W_OWNER=_row_sums.OWNER,
         NEED_G2=need_x2,
         NEED_GW=need_w,
         REDUCE_G2=reduce_g2,
