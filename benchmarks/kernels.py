@@ -270,7 +270,8 @@ def main() -> None:
             print(f"F={F} {backend} splits={row['splits']} rows={row['rows']}: fwd {t_f:.3f} bwd {t_b:.3f} dbwd {first:.3f} ms", flush=True)
             del out, grads, s
             torch.cuda.empty_cache()
-    head = f"{'F':>4} {'backend':>7} {'splits':>6} {'rows':>6} {'fwd ms':>8} {'bwd ms':>8} {'dbwd ms':>8} {'fwd %bw':>8} {'bwd %bw':>8} {'dbwd %bw':>8}"
+    head = f"{'F':>4} {'backend':>7} {'splits':>6} {'rows':>6} {'fwd ms':>8} {'bwd ms':>8} {'dbwd ms':>8}"
+    head += f" {'fwd %bw':>8} {'bwd %bw':>8} {'dbwd %bw':>8}"
     other = "two kernels" if ops.FUSED_CSR_BACKWARD else "one pass per sender"
     print(head + f"  bwd {other} ms  dbwd by mode (x fwd)")
     for r in rows:

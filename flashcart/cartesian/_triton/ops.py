@@ -29,6 +29,7 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 from .._layout import edge_csr
 from .._linear_spec import BWD_W, BWD_X, COLUMN, FWD, N_COLS, launch_rows, linear_spec, n_tiles
 from .._weight_rows import listed_edges
+from . import weight_rows as _row_sums
 from .common import DT as _DT
 from .common import block_f as _block_f
 from .common import cdiv as _cdiv
@@ -43,7 +44,6 @@ from .double_backward import tp_dbwd as _tp_dbwd_op
 from .linear_kernel import default_tiles, grouped_matmul, linear_tiles
 from .signatures import EXPANSION_FWD, EXPANSION_SECOND, EXPANSION_VJP, TP_BWD_CSR, TP_BWD_EDGE, TP_BWD_X1_CSR, TP_FWD, launch_kernel
 from .source import expansion_module, product_key, product_module
-from . import weight_rows as _row_sums
 from .weight_rows import _backward as _rows_sum_backward
 from .weight_rows import _setup as _rows_sum_setup
 from .weight_rows import rows_in_kernel as _rows_in_kernel
@@ -307,7 +307,9 @@ def tp_bwd(
     return g1, g2, gw
 
 
-def _bwd_csr(mod, go, x1, x2, w, widx, wrows, g1, g2, gw, receivers, senders, perm, srowptr, f1, f2, F, need_x2, need_w, reduce_g2, splits) -> None:
+def _bwd_csr(
+    mod, go, x1, x2, w, widx, wrows, g1, g2, gw, receivers, senders, perm, srowptr, f1, f2, F, need_x2, need_w, reduce_g2, splits
+) -> None:
     """Launch ``tp_bwd_csr``: ``splits`` programs per sender (and channel block; a single block
     covering every channel when input 2's gradient is summed over channels in-kernel), input 1's
     gradient as partial sums in ``g1 [splits * nodes, ...]``; ``wrows`` given: the weight
