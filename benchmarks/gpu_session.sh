@@ -118,7 +118,7 @@
 #   final6   one GPU: split-walk GPU parity, the training step's kernels with the defaults (about 6.5 minutes)
 #   nextsplits one GPU, the next session's first call: determinism test, kernels at 64 channels split, force call (about 7 minutes)
 #   owner    one GPU: weight rows stored by their owner edge: GPU parity, the kernels in the three row-sum modes, linear-map tiles (about 8 minutes)
-#   ownertrain one GPU: the compiled training step's kernels with FLASHCART_WEIGHT_ROW_SUM=owner, then =atomic (about 8 minutes)
+#   ownertrain one GPU: the compiled force call's and training step's kernels with FLASHCART_WEIGHT_ROW_SUM=owner, the training step's with =atomic (about 9 minutes)
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -746,10 +746,11 @@ owner)
     32x32x128x4x1 64x32x64x4x1 > "$out/linear_tiles.log" 2>&1
   ;;
 ownertrain)
-  for m in owner atomic; do
-    FLASHCART_WEIGHT_ROW_SUM=$m timeout 230 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases training \
-      --compile-mode default --repeat 3 --rows 25 > "$out/profile_training_$m.log" 2>&1
-  done
+  # the compiled force call's and training step's kernels with FLASHCART_WEIGHT_ROW_SUM=owner, then the training step's with =atomic
+  FLASHCART_WEIGHT_ROW_SUM=owner timeout 300 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r \
+    --phases inference training --compile-mode default --repeat 3 --rows 40 > "$out/profile_owner.log" 2>&1
+  FLASHCART_WEIGHT_ROW_SUM=atomic timeout 230 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases training \
+    --compile-mode default --repeat 3 --rows 25 > "$out/profile_training_atomic.log" 2>&1
   ;;
 geomdump)
   geomdump 200
