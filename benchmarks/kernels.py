@@ -18,13 +18,13 @@ receiver pass split by output rank over a grid axis: two launches, no register s
 ``--splits 1 2 4`` times the Triton kernels with each node's edges walked by that many programs
 in every walk (``FLASHCART_TP_SPLITS`` and ``FLASHCART_DBWD_SPLITS``; default: the environment's
 settings; the table's column says forward-and-backward / double-backward splits).
-``--row-sums atomic owner pass`` gives the Triton kernels per-pair weights instead (the radial MLP's
+``--row-sums atomic pass`` gives the Triton kernels per-pair weights instead (the radial MLP's
 rows, one per pair of reverse edges, read by both edges through ``WeightRows``, as the model runs
 them) and times each way of summing the weights' gradient into rows in turn
 (``FLASHCART_WEIGHT_ROW_SUM``, see ``flashcart.cartesian._triton.weight_rows``).
 
     python benchmarks/kernels.py --features 20 64 128 [--dbwd fused split grouped composed] [--splits 1 4] [--json out.json]
-    python benchmarks/kernels.py --features 20 --out-l-max 3 --backends triton --dbwd fused --row-sums atomic owner pass
+    python benchmarks/kernels.py --features 20 --out-l-max 3 --backends triton --dbwd fused --row-sums atomic pass
 
 ``--host-overhead`` measures instead, on the CPU, what the Python side of each call costs:
 the launchers run with the kernel launch replaced by a no-op (argument names still checked),
@@ -176,7 +176,7 @@ def main() -> None:
         "--row-sums",
         nargs="+",
         default=None,
-        choices=["atomic", "owner", "pass"],
+        choices=["atomic", "pass"],
         help="Triton: per-pair weight rows, the weights' gradient summed into rows each of these ways in turn",
     )
     parser.add_argument("--json", default=None)
@@ -210,7 +210,7 @@ def main() -> None:
             if splits is not None:  # every walk split alike; else the environment's settings
                 common.TP_SPLITS = common.DBWD_SPLITS = splits
             if row_sum is not None:
-                row_sums.IN_KERNEL, row_sums.OWNER = row_sum != "pass", row_sum == "owner"
+                row_sums.IN_KERNEL = row_sum != "pass"
             rows_arg = pair_rows if row_sum is not None else None
             tp = TensorProduct(2, 3, args.out_l_max, F, 1, backend=backend)
             x1 = torch.randn(n, tp.in1_width, device=dev, requires_grad=True)

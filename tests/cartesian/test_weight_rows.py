@@ -53,9 +53,6 @@ def _problem(device, F=3):
         "triton",
         "triton, two-kernel backward",
         "triton, composed double backward",
-        "triton, rows stored by their owner edge",
-        "triton, rows stored by their owner edge, two-kernel backward",
-        "triton, rows stored by their owner edge, composed double backward",
         "triton, row sums in a pass",
         "triton, row sums in a pass, two-kernel backward",
         "triton, row sums in a pass, composed double backward",
@@ -64,8 +61,7 @@ def _problem(device, F=3):
 def test_weight_rows_equal_gathered_weights(variant, device, monkeypatch):
     """Forward, every first derivative, and the derivative of a scalar of first derivatives
     (the force-training pattern), float64, against the weights gathered per edge: with the
-    kernels adding each edge's weight gradient into its row (default), with each row stored by
-    one of its edges, and with a separate pass."""
+    kernels adding each edge's weight gradient into its row (default) and with a separate pass."""
     import flashcart.cartesian._triton.ops as ops
     import flashcart.cartesian._triton.weight_rows as row_sums
 
@@ -76,7 +72,6 @@ def test_weight_rows_equal_gathered_weights(variant, device, monkeypatch):
     monkeypatch.setattr(ops, "FUSED_CSR_BACKWARD", not variant.endswith("two-kernel backward"))
     monkeypatch.setattr(ops, "FUSED_DOUBLE_BACKWARD", not variant.endswith("composed double backward"))
     monkeypatch.setattr(row_sums, "IN_KERNEL", "row sums in a pass" not in variant)
-    monkeypatch.setattr(row_sums, "OWNER", "owner edge" in variant)
     ref, receivers, senders, rows, inputs = _problem(device)
     tp = TensorProduct(2, 3, 3, 3, 1, backend="torch" if variant == "torch" else "triton")
 
@@ -90,7 +85,7 @@ def test_weight_rows_equal_gathered_weights(variant, device, monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("backend", ["torch", "triton", "triton, rows stored by their owner edge", "triton, row sums in a pass"])
+@pytest.mark.parametrize("backend", ["torch", "triton", "triton, row sums in a pass"])
 def test_unlisted_rows_get_no_gradient(backend, device, monkeypatch):
     """A row whose edges are not listed keeps its value but gets a zero gradient (the contract for
     rows the caller knows to be constant); the listed rows get the sum over their edges."""
@@ -100,8 +95,7 @@ def test_unlisted_rows_get_no_gradient(backend, device, monkeypatch):
         pytest.skip(needs_triton.kwargs["reason"])
     if backend == "torch" and device == "cuda":
         pytest.skip("the CPU covers the PyTorch backend's reading")
-    monkeypatch.setattr(row_sums, "IN_KERNEL", "pass" not in backend)
-    monkeypatch.setattr(row_sums, "OWNER", "owner" in backend)
+    monkeypatch.setattr(row_sums, "IN_KERNEL", backend == "triton")
     backend = backend.split(",")[0]
     ref, receivers, senders, _, (x1, x2, w) = _problem(device)
     rows, _ = _rows(device, unlisted=(1,))
@@ -156,11 +150,10 @@ def test_rows_sum_kernel_equals_the_formula(width, device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("csr", [True, False], ids=["one-pass backward", "two-kernel backward"])
 def test_kernels_sum_rows_deterministically(csr, device, monkeypatch):
-    """With the kernels summing each row's listed edges (``atomic``: each edge's weight gradient
-    added into its row; ``owner``: one edge of the row stores both), the weight gradient and the
-    second-order terms come out the same bits on every run (float32: a row adds at most two edges
-    into zero, in either order; the owner adds them in a fixed order), agree with the separate
-    pass to rounding (the compiler may contract a per-edge sum differently in two kernels), and no
+    """With the kernels adding each listed edge's weight gradient into its row (``atomic``), the
+    weight gradient and the second-order terms come out the same bits on every run (float32: a
+    row adds at most two edges into zero, in either order), agree with the separate pass to
+    rounding (the compiler may contract a per-edge sum differently in the two kernels), and no
     row-sum pass runs."""
     if needs_triton.args[0]:
         pytest.skip(needs_triton.kwargs["reason"])
@@ -174,10 +167,8 @@ def test_kernels_sum_rows_deterministically(csr, device, monkeypatch):
     counted = ops.weight_rows_sum
     monkeypatch.setattr(ops, "weight_rows_sum", lambda *a: passes.append(1) or counted(*a))
     results = []
-    modes = ("atomic", "atomic", "owner", "owner", "pass")
-    for mode in modes:
-        monkeypatch.setattr(row_sums, "IN_KERNEL", mode != "pass")
-        monkeypatch.setattr(row_sums, "OWNER", mode == "owner")
+    for in_kernel in (True, True, False):
+        monkeypatch.setattr(row_sums, "IN_KERNEL", in_kernel)
         passes.clear()
         x1, x2, w = (t.detach().float().requires_grad_() for t in inputs)
         out = tp(x1, x2, w, receivers, senders, None, rows)
@@ -186,22 +177,19 @@ def test_kernels_sum_rows_deterministically(csr, device, monkeypatch):
         # a force-loss pattern: the first derivatives' scalar differentiated again
         second = torch.autograd.grad((gx1**2).sum() + (gx2 * x2).sum() + (gw**2).sum(), (x1, x2, w))
         results.append((gw, *second))
-        assert (len(passes) >= 2) if mode == "pass" else (len(passes) == 0)
-    for values, what in zip(zip(*results), ("gw", "d x1", "d x2", "d w")):
-        by_mode = dict(zip(modes, values))
-        assert all(v.shape == values[0].shape for v in values), what
-        for i, mode in ((0, "atomic"), (2, "owner")):
-            a, b = values[i], values[i + 1]
-            assert torch.equal(a, b), f"{what} ({mode}) differs between two runs: {(a - b).abs().max().item():.3g}"
-            assert_close(a, by_mode["pass"], 1e-5, f"{what} ({mode}) against the pass")
+        assert (len(passes) == 0) if in_kernel else (len(passes) >= 2)
+    for a, b, c, what in zip(*results, ("gw", "d x1", "d x2", "d w")):
+        assert a.shape == b.shape == c.shape, what
+        assert torch.equal(a, b), f"{what} differs between two runs: {(a - b).abs().max().item():.3g}"
+        assert_close(a, c, 1e-5, f"{what} against the pass")
 
 
 def test_row_sum_mode_from_environment(monkeypatch):
     from flashcart.cartesian._triton.weight_rows import row_sum_mode
 
-    for raw, want in (("", "atomic"), ("atomic", "atomic"), ("owner", "owner"), ("pass", "pass")):
+    for raw, want in (("", True), ("atomic", True), ("pass", False)):
         monkeypatch.setenv("FLASHCART_WEIGHT_ROW_SUM", raw)
-        assert row_sum_mode() == want
+        assert row_sum_mode() is want
     monkeypatch.setenv("FLASHCART_WEIGHT_ROW_SUM", "1")
-    with pytest.raises(ValueError, match="FLASHCART_WEIGHT_ROW_SUM must be one of 'atomic', 'owner', 'pass', got '1'"):
+    with pytest.raises(ValueError, match="FLASHCART_WEIGHT_ROW_SUM must be 'atomic' or 'pass', got '1'"):
         row_sum_mode()

@@ -310,70 +310,23 @@ def _bwd_edge(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
     # gradient of input 1 (dense mode only)
     L.append(f"{I}if NEED_G1:")
     L += _grad_block(paths, "l1", II, "g1_ptr + r * g1_row", "a", in1_l_max)
-    _edge_grads(L, paths, offsets, n_out, I, "r", in2_l_max, load_w=True)
+    _edge_grads(L, paths, I, "r", in2_l_max, load_w=True)
     return L
 
 
-def _weight_grads(paths, indent: str, a: str = "a", b: str = "b", gop: str = "gop", t: str = "t", out: str = "gwv") -> list[str]:
-    """Lines computing each path's weight gradient ``{out}{p} = <{gop}{p}, B_p({a}, {b})>`` of one
-    edge from its operands (registers ``{a}{l}_{i}``, ``{b}{l}_{j}``, ``{gop}{p}_{c}``)."""
-    L = []
-    for pi, p in enumerate(paths):
-        L += [indent + s for s in bilinear_lines(product_table(p.l1, p.l2, p.l_out), f"{a}{p.l1}_", f"{b}{p.l2}_", f"{t}{pi}_", _lit)]
-        L.append(f"{indent}{out}{pi} = " + " + ".join(f"{gop}{pi}_{c} * {t}{pi}_{c}" for c in range(2 * p.l_out + 1)))
-    return L
-
-
-def owner_row_grads(paths, offsets, n_out: int, indent: str, edge: str) -> list[str]:
-    """The ``W_OWNER`` weight gradient of edge ``edge`` (int64, weight row ``wr``): if the edge is
-    its row's owner, its own gradient (from ``a*``, ``b*``, ``gop*``) plus that of the row's other
-    listed edge (whose sender row of input 1, row of input 2 and receiver's output cotangent are
-    loaded here), stored once into the row; nothing otherwise. The owner of a row listing two
-    edges is one of them picked by a hash of their numbers (about half of each node's pairs fall
-    to it, whatever order the list has); of a row listing one edge, that edge. Each row is written
-    by exactly one program, so no atomics, and ``own + other`` is summed in a fixed order."""
-    I, II, III = indent, indent + _I, indent + _I * 2
-    L = [
-        f"{I}wl0 = tl.load(wrows_ptr + 2 * wr)",
-        f"{I}wl1 = tl.load(wrows_ptr + 2 * wr + 1)",
-        f"{I}wlo = tl.minimum(wl0, wl1)",
-        f"{I}whi = tl.maximum(wl0, wl1)",
-        # a multiplicative hash of the pair's edge numbers (below 2**31 each: no int64 overflow)
-        f"{I}wown = tl.where(wlo < 0, whi, tl.where((((wlo + whi) * 1327217885) >> 17) & 1 == 0, wlo, whi))",
-        f"{I}if ((wl0 == {edge}) | (wl1 == {edge})) & (wown == {edge}):",
-    ]
-    L += _weight_grads(paths, II)
-    L += [
-        f"{II}if wlo >= 0:",
-        f"{III}wo = wl0 + wl1 - {edge}",
-        f"{III}opa = x1_ptr + tl.load(send_ptr + wo) * x1_row",
-        f"{III}opb = x2_ptr + wo * x2_row",
-        f"{III}opg = go_ptr + tl.load(recv_ptr + wo) * go_row",
-    ]
-    L += [III + _load(f"ogo{k}", "opg", f"{k} * F", "f") for k in range(n_out)]
-    L += [f"{III}ogop{pi}_{c} = ogo{offsets[(pi, c)]}" for pi, p in enumerate(paths) for c in range(2 * p.l_out + 1)]
-    _load_inputs(L, paths, III, a_ptr="opa", b_ptr="opb", prefix="o")
-    L += _weight_grads(paths, III, a="oa", b="ob", gop="ogop", t="ot", out="ogw")
-    L += [f"{III}gwv{pi} += ogw{pi}" for pi in range(len(paths))]
-    L += [f"{II}tl.store(gw_ptr + wr * gw_row + {pi} * F + f, gwv{pi}, mask=fm)" for pi in range(len(paths))]
-    return L
-
-
-def _edge_grads(L, paths, offsets, n_out, indent, row: str, in2_l_max, load_w: bool) -> None:
+def _edge_grads(L, paths, indent, row: str, in2_l_max, load_w: bool) -> None:
     """The ``NEED_G2`` and ``NEED_GW`` blocks: input 2's and the weights' gradients of edge/row
     ``row`` from ``a*``, ``b*`` and ``gop*`` (and ``w*``, loaded here with ``load_w``)."""
-    inner, inner2 = indent + _I, indent + _I * 2
+    inner = indent + _I
     L.append(f"{indent}if NEED_G2:")
     L += _grad_block(paths, "l2", inner, f"g2_ptr + {row} * g2_row", "b", in2_l_max, reduce_flag="REDUCE_G2", load_w=load_w)
     L.append(f"{indent}if NEED_GW:")
-    L.append(f"{inner}if W_ROWS and W_OWNER:")
-    L += owner_row_grads(paths, offsets, n_out, inner2, row)
-    L.append(f"{inner}else:")
-    L.append(f"{inner2}if W_ROWS:")
-    L += listed_mask(inner2 + _I, row)
-    L += _weight_grads(paths, inner2)
-    for pi in range(len(paths)):
-        L += weight_grad_out(inner2, "gw_ptr", row, "gw_row", pi, f"gwv{pi}")
+    L.append(f"{inner}if W_ROWS:")
+    L += listed_mask(inner + _I, row)
+    for pi, p in enumerate(paths):
+        L += [inner + s for s in bilinear_lines(product_table(p.l1, p.l2, p.l_out), f"a{p.l1}_", f"b{p.l2}_", f"t{pi}_", _lit)]
+        L.append(f"{inner}gwv{pi} = " + " + ".join(f"gop{pi}_{c} * t{pi}_{c}" for c in range(2 * p.l_out + 1)))
+        L += weight_grad_out(inner, "gw_ptr", row, "gw_row", pi, f"gwv{pi}")
 
 
 def _grad_block(paths, attr, indent, ptr, vjp, l_max, reduce_flag=None, load_w=True) -> list[str]:
@@ -469,7 +422,7 @@ def _bwd_csr(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
     _sender_walk(L, paths, offsets, n_out, "h", hoist_w=True)
     # the sender's row of input 1, read per edge (cached) rather than held in registers across the loop
     _load_inputs(L, paths, II, need_b=False)
-    _edge_grads(L, paths, offsets, n_out, II, "e", in2_l_max, load_w=False)
+    _edge_grads(L, paths, II, "e", in2_l_max, load_w=False)
     _store_sender_grad(L, paths, in1_l_max, "h")
     return L
 

@@ -53,18 +53,6 @@ def _variants(dbwd_only: bool):
             ),
             (
                 "product",
-                TP_BWD_CSR,
-                "tp_bwd_csr g1+g2+gw, owner rows",
-                dict(NEED_G2=True, NEED_GW=True, REDUCE_G2=True, W_INDEX=True, W_ROWS=True, W_OWNER=True),
-            ),
-            (
-                "product",
-                TP_BWD_EDGE,
-                "tp_bwd_edge conv gw, owner rows",
-                dict(CONV=True, NEED_G1=False, NEED_G2=False, NEED_GW=True, REDUCE_G2=False, W_INDEX=True, W_ROWS=True, W_OWNER=True),
-            ),
-            (
-                "product",
                 TP_BWD_EDGE,
                 "tp_bwd_edge conv gw, weight rows",
                 dict(CONV=True, NEED_G1=False, NEED_G2=False, NEED_GW=True, REDUCE_G2=False, W_INDEX=True, W_ROWS=True),
@@ -129,8 +117,7 @@ def resource_usage(key: str, dtype: str = "fp32", block_f: int = 64, dbwd_only: 
     for which, sig, label, flags in _variants(dbwd_only):
         signature = {a: ("*i64" if a in _INDEX else f"*{dtype}") if a.endswith("_ptr") else "i32" for a in sig.args}
         signature |= {c: "constexpr" for c in sig.constexprs}
-        defaults = {c: v for c, v in (("SPLITS", 1), ("W_OWNER", False)) if c in sig.constexprs}
-        constexprs = {**defaults, **flags, "BLOCK_F": block_f, "DT": dts[dtype]}
+        constexprs = {**({"SPLITS": 1} if "SPLITS" in sig.constexprs else {}), **flags, "BLOCK_F": block_f, "DT": dts[dtype]}
         src = ASTSource(fn=getattr(modules[which], sig.name), signature=signature, constexprs=constexprs)
         kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=max(1, block_f // 32)))
         with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:

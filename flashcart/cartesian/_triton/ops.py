@@ -29,7 +29,6 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 from .._layout import edge_csr
 from .._linear_spec import BWD_W, BWD_X, COLUMN, FWD, N_COLS, launch_rows, linear_spec, n_tiles
 from .._weight_rows import listed_edges
-from . import weight_rows as _row_sums
 from .common import DT as _DT
 from .common import block_f as _block_f
 from .common import cdiv as _cdiv
@@ -96,10 +95,9 @@ TP_PIPELINE = _pipeline_mode()
 # all None in dense mode. Then widx, wrows (both None, or both given): edge e reads weight row
 # widx[e] of w [R, n_paths * F], and the weights' gradient of row r sums the per-edge gradients of
 # the edges wrows[r] lists (flashcart.cartesian._weight_rows). The kernels read rows through widx.
-# With weight_rows.IN_KERNEL (FLASHCART_WEIGHT_ROW_SUM=atomic, default, or owner) tp_bwd and tp_dbwd
-# return the weights' gradient per row, shaped like w (the kernels add each listed edge's gradient
-# into its row, or with owner tp_bwd stores each row from one of its edges), and tp_dbwd reads the
-# cotangent ggw per row; otherwise both are per edge
+# With weight_rows.IN_KERNEL (FLASHCART_WEIGHT_ROW_SUM=atomic, default) tp_bwd and tp_dbwd return
+# the weights' gradient per row, shaped like w (the kernels add each listed edge's gradient into
+# its row), and tp_dbwd reads the cotangent ggw per row; otherwise both are per edge
 # ([E, n_paths * F]) and the autograd formulas sum the gradients into rows (weight_rows_sum).
 
 
@@ -219,7 +217,6 @@ def tp_bwd(
             g2,
             gw,
             receivers,
-            senders,
             perm,
             srowptr,
             f1,
@@ -263,7 +260,6 @@ def tp_bwd(
             CONV=conv,
             W_INDEX=widx is not None,
             W_ROWS=in_rows,
-            W_OWNER=_row_sums.OWNER,
             NEED_G1=need_x1 and not conv,
             NEED_G2=need_x2,
             NEED_GW=need_w,
@@ -307,14 +303,11 @@ def tp_bwd(
     return g1, g2, gw
 
 
-def _bwd_csr(
-    mod, go, x1, x2, w, widx, wrows, g1, g2, gw, receivers, senders, perm, srowptr, f1, f2, F, need_x2, need_w, reduce_g2, splits
-) -> None:
+def _bwd_csr(mod, go, x1, x2, w, widx, wrows, g1, g2, gw, receivers, perm, srowptr, f1, f2, F, need_x2, need_w, reduce_g2, splits) -> None:
     """Launch ``tp_bwd_csr``: ``splits`` programs per sender (and channel block; a single block
     covering every channel when input 2's gradient is summed over channels in-kernel), input 1's
     gradient as partial sums in ``g1 [splits * nodes, ...]``; ``wrows`` given: the weight
-    gradient is summed into rows (``W_ROWS``; each row stored by its owner edge with
-    ``weight_rows.OWNER``)."""
+    gradient is summed into rows (``W_ROWS``)."""
     if guard_or_false(x1.shape[0] == 0):
         return
     block = _next_pow2(F) if reduce_g2 else _block_f(F)[0]
@@ -335,7 +328,6 @@ def _bwd_csr(
         srowptr_ptr=srowptr,
         perm_ptr=perm,
         recv_ptr=receivers,
-        send_ptr=senders,
         go_row=go.shape[1],
         x1_row=x1.shape[1],
         x2_row=x2.shape[1],
@@ -350,7 +342,6 @@ def _bwd_csr(
         F=F,
         W_INDEX=widx is not None,
         W_ROWS=wrows is not None,
-        W_OWNER=_row_sums.OWNER,
         NEED_G2=need_x2,
         NEED_GW=need_w,
         REDUCE_G2=reduce_g2,

@@ -94,9 +94,8 @@ def traceable(kernel: Any, probe: Any) -> Any:
 # W_INDEX: edge/row e reads weight row widx[e] (widx_ptr, int64), else row e. W_ROWS (with
 # W_INDEX): the weight gradient is per weight row [R, n_paths * F], each listed edge's gradient
 # (wrows_ptr: [R, 2] int64, the edges each row sums, -1 for none) added atomically into its
-# zeroed row (W_OWNER: stored once, by the row's owner edge, which computes the gradients of both
-# listed edges; see weight_rows); without it the weight gradient stays per edge/row (the caller
-# sums the edges of each row, see ops.weight_rows_sum). In the fused double backward W_ROWS also reads ggw per
+# zeroed row; without it the weight gradient stays per edge/row (the caller sums the edges of
+# each row, see ops.weight_rows_sum). In the fused double backward W_ROWS also reads ggw per
 # weight row (zero for an edge its row does not list).
 # PIPELINE (tp_fwd): load the next edge's operands before computing the current edge's messages.
 # SPLITS (the kernels walking a node's edges, convolution mode): grid axis 0 holds SPLITS programs
@@ -132,7 +131,7 @@ _CHANNELS = ("F1S", "F2S", "F1C", "F2C", "F")
 TP_BWD_EDGE = KernelSignature(
     "tp_bwd_edge",
     args=(*_BWD_TENSORS, "recv_ptr", "send_ptr", *_BWD_ROWS, *_CHANNELS),
-    constexprs=("CONV", "W_INDEX", "W_ROWS", "W_OWNER", "NEED_G1", "NEED_G2", "NEED_GW", "REDUCE_G2", "BLOCK_F", "DT"),
+    constexprs=("CONV", "W_INDEX", "W_ROWS", "NEED_G1", "NEED_G2", "NEED_GW", "REDUCE_G2", "BLOCK_F", "DT"),
 )
 TP_BWD_X1_CSR = KernelSignature(
     "tp_bwd_x1_csr",
@@ -160,8 +159,8 @@ TP_BWD_X1_CSR = KernelSignature(
 # operand read once.
 TP_BWD_CSR = KernelSignature(
     "tp_bwd_csr",
-    args=(*_BWD_TENSORS, "srowptr_ptr", "perm_ptr", "recv_ptr", "send_ptr", *_BWD_ROWS, *_CHANNELS),
-    constexprs=("W_INDEX", "W_ROWS", "W_OWNER", "NEED_G2", "NEED_GW", "REDUCE_G2", "SPLITS", "BLOCK_F", "DT"),
+    args=(*_BWD_TENSORS, "srowptr_ptr", "perm_ptr", "recv_ptr", *_BWD_ROWS, *_CHANNELS),
+    constexprs=("W_INDEX", "W_ROWS", "NEED_G2", "NEED_GW", "REDUCE_G2", "SPLITS", "BLOCK_F", "DT"),
 )
 
 # Fused double backward (codegen_double.generate_double_backward_source, its own module per

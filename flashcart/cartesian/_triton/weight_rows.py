@@ -1,18 +1,13 @@
 """The weights' gradient per row of a product reading its weights through an index (Triton).
 
-Three ways, chosen by ``FLASHCART_WEIGHT_ROW_SUM`` (read at import into :data:`IN_KERNEL` and
-:data:`OWNER`; tests and benchmarks flip the module attributes):
+Two ways, chosen by ``FLASHCART_WEIGHT_ROW_SUM`` (read at import into :data:`IN_KERNEL`; tests and
+benchmarks flip the module attribute):
 
 * ``atomic`` (default): the product's backward kernels add each listed edge's weight gradient
   into its row of a zeroed ``[R, W]`` output (``W_ROWS``, see ``signatures``), and the fused double
   backward reads the rows' cotangent through the index: no ``[E, W]`` tensor, no extra pass. A
   row sums at most two edges into zero, and floating-point addition is commutative, so the
   result is the same whichever edge's addition lands first.
-* ``owner``: as ``atomic``, except that the first backward's kernels (``tp_bwd_csr``,
-  ``tp_bwd_edge``) write each row once, without atomics: one of the row's listed edges (its
-  owner, picked by a hash of the two edge numbers so that each node owns about half of its
-  pairs) computes the gradients of both and stores their sum; the other skips it. The fused
-  double backward's ``d w`` is still added atomically.
 * ``pass``: the kernels write per-edge gradients ``[E, W]`` and :func:`weight_rows_sum` sums them.
 
 ``weight_rows_sum(g [E, W], edges [R, 2], index [E]) -> [R, W]``: row ``r`` is
@@ -36,26 +31,21 @@ from .._weight_rows import listed_edges
 from .common import cdiv, kernel_op, next_pow2
 from .signatures import launch_kernel
 
-__all__ = ["weight_rows_sum", "IN_KERNEL", "OWNER", "row_sum_mode", "rows_in_kernel", "weight_grad_shape"]
+__all__ = ["weight_rows_sum", "IN_KERNEL", "row_sum_mode", "rows_in_kernel", "weight_grad_shape"]
 
 _ENV = "FLASHCART_WEIGHT_ROW_SUM"
 
 
-_MODES = ("atomic", "owner", "pass")
-
-
-def row_sum_mode() -> str:
-    """``FLASHCART_WEIGHT_ROW_SUM``: ``atomic`` (default) or ``owner`` (the kernels sum each row's
-    edges, see the module docstring) or ``pass`` (a separate pass does). Anything else is an error
-    naming the variable."""
+def row_sum_mode() -> bool:
+    """``FLASHCART_WEIGHT_ROW_SUM``: ``atomic`` (default, ``True``): the kernels sum each row's edges;
+    ``pass`` (``False``): a separate pass does. Anything else is an error naming the variable."""
     raw = os.environ.get(_ENV, "").strip() or "atomic"
-    if raw not in _MODES:
-        raise ValueError(f"environment variable {_ENV} must be one of {', '.join(map(repr, _MODES))}, got {raw!r}")
-    return raw
+    if raw not in ("atomic", "pass"):
+        raise ValueError(f"environment variable {_ENV} must be 'atomic' or 'pass', got {raw!r}")
+    return raw == "atomic"
 
 
-IN_KERNEL = row_sum_mode() != "pass"
-OWNER = row_sum_mode() == "owner"  # with IN_KERNEL: the first backward stores each row from its owner edge
+IN_KERNEL = row_sum_mode()
 
 
 def rows_in_kernel(widx: Tensor | None) -> bool:
