@@ -118,7 +118,7 @@
 #   final6   one GPU: split-walk GPU parity, the training step's kernels with the defaults (about 6.5 minutes)
 #   nextsplits one GPU, the next session's first call: determinism test, kernels at 64 channels split, force call (about 7 minutes)
 #   owner    one GPU: weight-row parity tests, the kernels per pair in each row-sum mode, linear-map tiles (about 8 minutes)
-#   trainratio one GPU: determinism test, reduce-overhead force call and training step per pair, kernels at 64 channels split (about 9 minutes)
+#   trainratio one GPU: determinism test, the compiled training step's parameter gradients outside and inside the graph (about 9 minutes)
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -745,12 +745,11 @@ owner)
     32x32x128x4x1 64x32x64x4x1 > "$out/linear_tiles.log" 2>&1
   ;;
 trainratio)
-  # the weight rows' determinism test on the GPU (atomic against pass), then i2c3f20l2r's reduce-overhead force call and
-  # training step per pair in one process (the training / inference target), then the kernels at 64 channels split 1 and 4 ways
-  gpu_tests 0 "tests/cartesian/test_weight_rows.py::test_kernels_sum_rows_deterministically:100" > "$out/tests.log" 2>&1
-  timeout 300 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond --calls reduce-overhead \
-    --training --setting pair --rounds 7 --calls-per-round 20 > "$out/calls_training.log" 2>&1
-  timeout 100 python3 benchmarks/kernels.py --features 64 --out-l-max 3 --backends triton --dbwd fused --splits 1 4 > "$out/kernels_splits64.log" 2>&1
+  # the weight rows' determinism test on the GPU (atomic against pass), then the compiled training step with the parameter
+  # gradients by the outer backward (the trainer's way: the positions' gradient computed and dropped) against inside the graph
+  gpu_tests 0 "tests/cartesian/test_weight_rows.py::test_kernels_sum_rows_deterministically:90" > "$out/tests.log" 2>&1
+  timeout 440 python3 benchmarks/compiled_step_grads.py --device cuda --model i2c3f20l2r --structure diamond --compile-mode default \
+    > "$out/stepgrads.log" 2>&1
   ;;
 geomdump)
   geomdump 200
