@@ -8,7 +8,7 @@ import torch
 
 from ..config.loader import named_losses
 
-__all__ = ["errors", "reduce_errors", "loss_value", "Metrics"]
+__all__ = ["errors", "reduce_errors", "loss_value", "masked_loss_value", "Metrics"]
 
 
 def errors(term: dict[str, Any], pred: dict[str, torch.Tensor], batch) -> tuple[torch.Tensor, bool]:
@@ -72,6 +72,76 @@ def loss_value(loss: dict[str, Any], pred: dict[str, torch.Tensor], batch) -> to
     for t in _terms(loss):
         e, vec = errors(t, pred, batch)
         v = t["weight"] * reduce_errors(e, t["reduce"], vec, t.get("delta"))
+        total = v if total is None else total + v
+    return total
+
+
+def _masked_errors(term: dict[str, Any], pred: dict[str, torch.Tensor], targets: dict[str, torch.Tensor], atom_mask, graph_mask):
+    """:func:`errors` on padded tensors: ``(errors, vector, rows)`` with ``rows`` the bool mask of the
+    error rows that count (real atoms or graphs; graphs with a stress label). Errors of the other
+    rows are finite (padding labels are replaced), so that no NaN reaches a gradient."""
+    prop, norm = term["property"], term["normalization"]
+    if prop == "energy":
+        e = pred["energy"] - targets["energy"].to(pred["energy"].dtype)
+        n = targets["n_atoms"].to(e.dtype).clamp_min(1)
+        if norm == "per_atom":
+            e = e / n
+        elif norm == "per_sqrt_atom":
+            e = e / n.sqrt()
+        return e, False, graph_mask
+    if prop == "forces":
+        return pred["forces"] - targets["forces"].to(pred["forces"].dtype), True, atom_mask
+    ref = targets["stress"].to(pred["stress"].dtype)
+    has = torch.isfinite(ref).all(dim=2).all(dim=1) & graph_mask
+    ref = torch.where(has[:, None, None], ref, torch.zeros_like(ref))
+    return (pred["stress"] - ref).reshape(-1, 9), True, has
+
+
+def _masked_reduce(e: torch.Tensor, rows: torch.Tensor, reduce: str, vector: bool, delta: float | None) -> torch.Tensor:
+    """:func:`reduce_errors` over the rows ``rows`` selects (the same value, up to the order of the
+    sums; zero when no row counts, as for an empty selection there)."""
+    w = rows.to(e.dtype)
+    n_rows = w.sum()
+    if reduce.startswith("norm"):
+        v = torch.linalg.vector_norm(e.reshape(e.shape[0], -1), dim=1) if vector else e.abs()
+        total = (v * w).sum()
+        return total if reduce == "norm_sum" else total / n_rows.clamp_min(1)
+    per_row = e[0].numel() if e.dim() > 1 else 1
+    count = (n_rows * per_row).clamp_min(1)
+    w = w.reshape(-1, *[1] * (e.dim() - 1))
+    a = e.abs()
+    if reduce == "sae":
+        return (a * w).sum()
+    if reduce == "mae":
+        return (a * w).sum() / count
+    if reduce in ("sse", "mse", "rmse"):
+        sse = (e * e * w).sum()
+        if reduce == "sse":
+            return sse
+        if reduce == "mse":
+            return sse / count
+        some = n_rows > 0  # sqrt(0) has no derivative: a selection without rows gives 0, as reduce_errors
+        return torch.where(some, torch.sqrt(torch.where(some, sse / count, torch.ones_like(sse))), torch.zeros_like(sse))
+    if reduce == "maxe":
+        return torch.where(w > 0, a, torch.zeros_like(a)).max()
+    h = torch.nn.functional.huber_loss(e, torch.zeros_like(e), reduction="none", delta=delta) * w
+    return h.sum() if reduce == "huber_sum" else h.sum() / count
+
+
+def masked_loss_value(
+    loss: dict[str, Any], pred: dict[str, torch.Tensor], targets: dict[str, torch.Tensor], atom_mask: torch.Tensor, graph_mask: torch.Tensor
+) -> torch.Tensor:
+    """:func:`loss_value` of predictions and labels padded to fixed capacities (static shapes: it
+    runs inside a compiled training step, see :meth:`flashcart.model.Predictor.loss_and_grads`).
+
+    ``pred``: ``energy [G']``, ``forces [N', 3]``, ``stress [G', 3, 3]`` (those the loss needs);
+    ``targets``: the labels padded alike, plus ``n_atoms [G']``; ``atom_mask [N']`` and
+    ``graph_mask [G']`` (bool): the real atoms and graphs.
+    """
+    total = None
+    for t in _terms(loss):
+        e, vec, rows = _masked_errors(t, pred, targets, atom_mask, graph_mask)
+        v = t["weight"] * _masked_reduce(e, rows, t["reduce"], vec, t.get("delta"))
         total = v if total is None else total + v
     return total
 

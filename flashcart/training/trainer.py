@@ -16,6 +16,7 @@ import csv
 import io
 import logging
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from ..utils.io import atomic_write, atomic_write_text
 from ..utils.progress import progress_bar
 from . import distributed
 from .distributed import Context
-from .losses import Metrics, loss_value, required_properties
+from .losses import Metrics, loss_value, masked_loss_value, required_properties
 from .optim import EMA, build_optimizers, wsd_factor
 
 __all__ = ["train", "TrainingError", "setup_logger"]
@@ -270,6 +271,13 @@ def _train(cfg: dict[str, Any], progress: bool, ctx: Context) -> Path:
     if state is not None:
         base_lrs = state["base_lrs"]
 
+    # A compiled prediction computes the loss and the parameter gradients in one compiled function
+    # (Predictor.loss_and_grads): its backward would otherwise also compute the loss's derivative
+    # with respect to the positions and drop it (on the H200 the step took half the time). With
+    # several processes DistributedDataParallel averages the gradients in backward hooks, so the
+    # loss is backpropagated outside as before.
+    in_graph = predictor.compile and not ctx.distributed
+    step_loss = partial(masked_loss_value, cfg["train_loss"])  # one object: the compiled step is cached per loss function
     for epoch in range(start_epoch, cfg["max_epochs"]):
         factor = wsd_factor(epoch, cfg)
         for opt, lrs in zip(opts, base_lrs):
@@ -291,20 +299,27 @@ def _train(cfg: dict[str, Any], progress: bool, ctx: Context) -> Path:
         bar = progress_bar(loader, desc=f"epoch {epoch + 1}/{cfg['max_epochs']}", disable=not progress, leave=False)
         for k, batch in enumerate(bar):
             b = batch.to(device, dtype)
-            pred = predictor(b, forces="forces" in train_props, stress="stress" in train_props, create_graph=True)
-            if ctx.distributed:
-                loss, step_stats = distributed.global_loss(cfg["train_loss"], pred, b, counts[k], ctx)
-                stats.append(step_stats)
+            forces, stress = "forces" in train_props, "stress" in train_props
+            if in_graph:
+                value, grads = predictor.loss_and_grads(b, step_loss, trainable, forces=forces, stress=stress)
             else:
-                loss = loss_value(cfg["train_loss"], pred, b)
-            value = loss.detach()
+                pred = predictor(b, forces=forces, stress=stress, create_graph=True)
+                if ctx.distributed:
+                    loss, step_stats = distributed.global_loss(cfg["train_loss"], pred, b, counts[k], ctx)
+                    stats.append(step_stats)
+                else:
+                    loss = loss_value(cfg["train_loss"], pred, b)
+                value = loss.detach()
             first_bad = torch.where((first_bad < 0) & ~torch.isfinite(value), k, first_bad)
             for opt in opts:
                 opt.zero_grad(set_to_none=True)
-            # only the parameters: the positions (a leaf of the force graph) get no gradient, so
-            # the eager double backward skips every term that only leads to them (a compiled
-            # prediction's backward still computes it: benchmarks/compiled_step_grads.py)
-            loss.backward(inputs=trainable)
+            if in_graph:
+                for p, g in zip(trainable, grads):
+                    p.grad = g
+            else:
+                # only the parameters: the positions (a leaf of the force graph) get no gradient,
+                # so the eager double backward skips every term that only leads to them
+                loss.backward(inputs=trainable)
             if cfg["grad_clip_norm"] is not None:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip_norm"])
             for opt in opts:

@@ -135,3 +135,58 @@ def test_a_structure_without_pairs_has_the_energy_of_its_isolated_atoms(model, m
     assert abs(float(out["energy"][0]) - alone) < 1e-12
     assert float(out["forces"].abs().max()) == 0.0 and float(out["stress"].abs().max()) == 0.0
     assert float(out["energy"][0]) != 0.0
+
+
+def _labelled(batch):
+    from dataclasses import replace
+
+    g = torch.Generator().manual_seed(8)
+    stress = torch.randn(batch.n_graphs, 3, 3, dtype=torch.float64, generator=g)
+    stress[0] = float("nan")  # the molecule has no stress label
+    return replace(
+        batch,
+        energy=torch.randn(batch.n_graphs, dtype=torch.float64, generator=g),
+        forces=torch.randn(batch.positions.shape[0], 3, dtype=torch.float64, generator=g),
+        stress=stress,
+    )
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled (aot_eager)"])
+def test_loss_and_grads_equal_the_outer_backward(compile):
+    """``Predictor.loss_and_grads`` (loss and parameter gradients in one function, on padded
+    tensors) == the trainer's other way: the prediction with ``create_graph``, ``loss_value`` on
+    the real rows, ``backward(inputs=parameters)``; float64, energy + forces + stress terms; a
+    batch of another size reuses the compiled function (same capacities)."""
+    from functools import partial
+
+    from flashcart.training.losses import loss_value, masked_loss_value
+
+    torch._dynamo.reset()
+    model = FlashCartPotential(["H", "C", "O", "Cu"], use_triton=False, **SMALL).double()
+    params = [p for p in model.parameters() if p.requires_grad]
+    loss = {
+        "weighted_sum": [
+            {"property": "energy", "reduce": "mse", "normalization": "per_atom", "weight": 1.0},
+            {"property": "forces", "reduce": "mse", "normalization": "none", "weight": 10.0},
+            {"property": "stress", "reduce": "mae", "normalization": "none", "weight": 0.5},
+        ]
+    }
+    backend = CountingBackend()
+    p = Predictor(model, compile=compile, pad=True, pad_atom_multiple=32, pad_edge_multiple=1024, compile_backend=backend)
+    loss_fn = partial(masked_loss_value, loss)
+    for k, atoms in enumerate(([molecule(0), crystal()], [crystal(), molecule(1), molecule(2)])):
+        batch = _labelled(as_batch(model, atoms))
+        model.zero_grad()
+        want = loss_value(loss, Predictor(model, pad=False)(batch, stress=True, create_graph=True), batch)
+        want.backward(inputs=params)
+        value, grads = p.loss_and_grads(batch, loss_fn, params, forces=True, stress=True)
+        assert_close(value, want.detach(), 1e-11, "loss")
+        assert len(grads) == len(params)
+        for param, g in zip(params, grads):
+            assert (g is None) == (param.grad is None)
+            if g is not None:
+                assert not g.requires_grad
+                assert_close(g, param.grad, 1e-10, "parameter gradient")
+        if k == 0:
+            first = backend.count
+    assert backend.count == first and (first >= 1 if compile else first == 0)

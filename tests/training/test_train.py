@@ -177,3 +177,31 @@ def test_cli_reports_config_errors_without_traceback(data, capsys):
     cfg_file.write_text("max_epochs: 3\n")
     assert train_main([str(cfg_file)]) == 2
     assert "flashcart-train needs 'train_path'" in capsys.readouterr().err
+
+
+def test_compiled_training_takes_the_gradients_in_the_graph(data, monkeypatch):
+    """With ``predict_compile`` each step's loss and parameter gradients come from
+    ``Predictor.loss_and_grads`` (one compiled function on padded tensors): the same training as
+    the eager prediction's outer backward (float64, 4 epochs, energy and force terms). The compile
+    backend is ``aot_eager`` here (dynamo and AOTAutograd as with inductor, without its slow CPU
+    code generation)."""
+    from flashcart.model.predictor import Predictor
+
+    steps = []
+
+    class AotEager(Predictor):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **{**kw, "compile_backend": "aot_eager"})
+
+        def loss_and_grads(self, *args, **kw):
+            steps.append(1)
+            return super().loss_and_grads(*args, **kw)
+
+    train(config(data, data / "eager", precision="64-true"), progress=False)
+    assert not steps
+    monkeypatch.setattr(trainer_mod, "Predictor", AotEager)
+    train(config(data, data / "compiled", precision="64-true", predict_compile=True, predict_compile_mode="default"), progress=False)
+    assert len(steps) == 4 * 3  # 4 epochs of 3 batches
+    a, b = _weights(data / "eager"), _weights(data / "compiled")
+    for k in a:
+        assert torch.allclose(a[k], b[k], rtol=1e-7, atol=1e-9), k
