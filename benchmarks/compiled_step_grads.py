@@ -19,9 +19,16 @@ gradients:
 
 * ``outer``: the compiled :class:`~flashcart.model.Predictor` with ``create_graph``, the loss,
   ``loss.backward(inputs=parameters)`` (what the trainer does with ``predict_compile``);
-* ``in-graph``: one compiled function returning the loss and the parameter gradients.
+* ``in-graph``: one compiled function returning the loss and the parameter gradients
+  (``Predictor.loss_and_grads``, padded: what the trainer runs with ``predict_compile`` since
+  2026-12-03);
+* ``eager``: the prediction uncompiled with the outer backward, a reference that compiles nothing.
+
+``--ways`` picks them (the first is the gradients' reference).
 
     python benchmarks/compiled_step_grads.py --device cuda --model i2c3f20l2r --structure diamond --compile-mode default
+    python benchmarks/compiled_step_grads.py --device cuda --model i2c3f20l2r --structure diamond \
+        --compile-mode reduce-overhead --ways eager in-graph
     python benchmarks/compiled_step_grads.py --device cpu --model tiny --structure ethanol --repeat 5   # smoke test
 
 Models: ``benchmarks/kernel_profile.py``'s ``MODELS`` (with ``--option KEY=VALUE``).
@@ -41,8 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.eager_overhead import timed  # noqa: E402  (synchronised seconds per call)
 from benchmarks.kernel_profile import build, model_arguments  # noqa: E402
-from flashcart.model import predictor as predictor_module  # noqa: E402
-from flashcart.model.predictor import Predictor, energy_forces_stress  # noqa: E402
+from flashcart.model.predictor import Predictor  # noqa: E402
 from flashcart.profiling import synchronize  # noqa: E402
 
 
@@ -64,27 +70,42 @@ def outer_step(model, batch, compile_mode: str):
     return step
 
 
-def in_graph_step(model, batch, compile_mode: str):
+def _masked_loss(pred, targets, atoms, graphs):
+    """``_loss`` on padded tensors (``Predictor.loss_and_grads``' loss signature): the real rows only."""
+    energy = torch.where(graphs, pred["energy"], torch.zeros_like(pred["energy"]))
+    forces = torch.where(atoms[:, None], pred["forces"], torch.zeros_like(pred["forces"]))
+    return (energy**2).sum() + (forces**2).sum() / (3 * atoms.sum())
+
+
+def eager_step(model, batch, compile_mode: str):
+    """The reference: the prediction uncompiled, the outer backward (the Triton ops skip the
+    positions' terms in eager mode)."""
+    predictor = Predictor(model, compile=False, pad=False)
     params = [p for p in model.parameters() if p.requires_grad]
-    args = (batch.types, batch.cell, batch.shifts, batch.receivers, batch.senders, batch.batch, batch.edge_batch, batch.n_graphs)
-
-    def run(positions, *rest):
-        energy, forces, _ = energy_forces_stress(model, positions, None, *rest, True, True)
-        loss = _loss(energy, forces)
-        grads = torch.autograd.grad(loss, params, allow_unused=True)
-        return loss.detach(), [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
-
-    # the Predictor's compile options (on the CPU they carry its inductor work-around)
-    options = Predictor(model, compile=True, compile_mode=compile_mode)._compile_options(batch.positions.device.type)
-    compiled = torch.compile(run, fullgraph=True, **options)
 
     def step():
-        positions = batch.positions.detach().requires_grad_(True)
-        with predictor_module._compile_context(True), torch.enable_grad():
-            _, grads = compiled(positions, *args)
-        return [g.clone() for g in grads]
+        for p in params:
+            p.grad = None
+        out = predictor(batch, forces=True, create_graph=True)
+        _loss(out["energy"], out["forces"]).backward(inputs=params)
+        return [p.grad for p in params]
 
     return step
+
+
+def in_graph_step(model, batch, compile_mode: str):
+    """``Predictor.loss_and_grads``: what the trainer runs with ``predict_compile`` (padded)."""
+    predictor = Predictor(model, compile=True, compile_mode=compile_mode)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def step():
+        _, grads = predictor.loss_and_grads(batch, _masked_loss, params, forces=True)
+        return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+
+    return step
+
+
+WAYS = {"eager": eager_step, "outer": outer_step, "in-graph": in_graph_step}
 
 
 def main() -> None:
@@ -93,6 +114,7 @@ def main() -> None:
     parser.add_argument("--compile-mode", default="default", choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs"])
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--ways", nargs="+", default=list(WAYS), choices=list(WAYS), help="the first is the gradients' reference")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -103,8 +125,8 @@ def main() -> None:
         f"{device}, float32, compile mode {args.compile_mode}, torch {torch.__version__}"
     )
     results = {}
-    for name, make in (("outer", outer_step), ("in-graph", in_graph_step)):
-        step = make(model, batch, args.compile_mode)
+    for name in args.ways:
+        step = WAYS[name](model, batch, args.compile_mode)
         t0 = time.perf_counter()
         grads = [g.detach().clone() for g in step()]
         synchronize(device)
@@ -112,11 +134,14 @@ def main() -> None:
         for _ in range(args.warmup):
             step()
         results[name] = (grads, statistics.median(timed(step, device, args.repeat)), first)
-    ref = results["outer"][0]
+    ref = results[args.ways[0]][0]
     scale = max(float(g.abs().max()) for g in ref)
     for name, (grads, seconds, first) in results.items():
         diff = max(float((a - b).abs().max()) for a, b in zip(grads, ref)) / scale
-        print(f"{name:<9} {seconds * 1e3:9.3f} ms/step (median)  first call {first:7.1f} s  max |grad - outer| / max |grad| {diff:.1e}")
+        print(
+            f"{name:<9} {seconds * 1e3:9.3f} ms/step (median)  first call {first:7.1f} s  "
+            f"max |grad - {args.ways[0]}| / max |grad| {diff:.1e}"
+        )
 
 
 if __name__ == "__main__":

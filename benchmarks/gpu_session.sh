@@ -119,6 +119,7 @@
 #   nextsplits one GPU, the next session's first call: determinism test, kernels at 64 channels split, force call (about 7 minutes)
 #   owner    one GPU: weight-row parity tests, the kernels per pair in each row-sum mode, linear-map tiles (about 8 minutes)
 #   trainratio one GPU: determinism test, the compiled training step's parameter gradients outside and inside the graph (about 9 minutes)
+#   stepgraph one GPU: the trainer's in-graph compiled step (reduce-overhead) against the eager gradients (about 4 minutes)
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -751,6 +752,11 @@ trainratio)
   timeout 440 python3 benchmarks/compiled_step_grads.py --device cuda --model i2c3f20l2r --structure diamond --compile-mode default \
     > "$out/stepgrads.log" 2>&1
   ;;
+stepgraph)
+  # the trainer's compiled step (Predictor.loss_and_grads, reduce-overhead) against the eager outer backward's gradients
+  timeout 250 python3 benchmarks/compiled_step_grads.py --device cuda --model i2c3f20l2r --structure diamond \
+    --compile-mode reduce-overhead --ways eager in-graph --repeat 20 > "$out/stepgraph.log" 2>&1
+  ;;
 geomdump)
   geomdump 200
   ;;
@@ -758,7 +764,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, geomdump or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, geomdump or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done
