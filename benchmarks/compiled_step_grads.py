@@ -40,6 +40,7 @@ import argparse
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -56,8 +57,10 @@ def _loss(energy: torch.Tensor, forces: torch.Tensor) -> torch.Tensor:
     return (energy**2).sum() + (forces**2).mean()
 
 
-def outer_step(model, batch, compile_mode: str):
-    predictor = Predictor(model, compile=True, compile_mode=compile_mode, pad=False)
+def outer_step(model, batch, compile_mode: str, compile: bool = True):
+    """The prediction (compiled, or with ``compile=False`` eager: the reference, where the Triton ops
+    skip the positions' terms) with ``create_graph``, then the outer backward."""
+    predictor = Predictor(model, compile=compile, compile_mode=compile_mode, pad=False)
     params = [p for p in model.parameters() if p.requires_grad]
 
     def step():
@@ -77,22 +80,6 @@ def _masked_loss(pred, targets, atoms, graphs):
     return (energy**2).sum() + (forces**2).sum() / (3 * atoms.sum())
 
 
-def eager_step(model, batch, compile_mode: str):
-    """The reference: the prediction uncompiled, the outer backward (the Triton ops skip the
-    positions' terms in eager mode)."""
-    predictor = Predictor(model, compile=False, pad=False)
-    params = [p for p in model.parameters() if p.requires_grad]
-
-    def step():
-        for p in params:
-            p.grad = None
-        out = predictor(batch, forces=True, create_graph=True)
-        _loss(out["energy"], out["forces"]).backward(inputs=params)
-        return [p.grad for p in params]
-
-    return step
-
-
 def in_graph_step(model, batch, compile_mode: str):
     """``Predictor.loss_and_grads``: what the trainer runs with ``predict_compile`` (padded)."""
     predictor = Predictor(model, compile=True, compile_mode=compile_mode)
@@ -105,7 +92,7 @@ def in_graph_step(model, batch, compile_mode: str):
     return step
 
 
-WAYS = {"eager": eager_step, "outer": outer_step, "in-graph": in_graph_step}
+WAYS = {"eager": partial(outer_step, compile=False), "outer": outer_step, "in-graph": in_graph_step}
 
 
 def main() -> None:

@@ -330,6 +330,25 @@ class Predictor:
             )
         return {"options": options}
 
+    def _compiled_or_plain(self, run: Callable, device_type: str) -> Callable:
+        """``run`` wrapped in ``torch.compile`` with this Predictor's settings, or itself uncompiled."""
+        if not self.compile:
+            return run
+        return torch.compile(
+            run,
+            fullgraph=self.compile_fullgraph,
+            dynamic=self.compile_dynamic,
+            backend=self.compile_backend,
+            **self._compile_options(device_type),
+        )
+
+    def _prepared(self, batch: Batch) -> Batch:
+        """``batch`` padded (with ``pad``), else itself with its neighbour list's pairs checked."""
+        if self.pad:
+            return self.padded(batch)
+        self._check_pairs(batch, batch.receivers.shape[0])
+        return batch
+
     def _function(self, forces: bool, stress: bool, create_graph: bool, device_type: str) -> Callable:
         key = (forces, stress, create_graph, device_type)
         if key not in self._compiled:
@@ -340,15 +359,7 @@ class Predictor:
                     model, positions, strain, types, cell, shifts, receivers, senders, batch, edge_batch, n_graphs, forces, create_graph
                 )
 
-            if self.compile:
-                run = torch.compile(
-                    run,
-                    fullgraph=self.compile_fullgraph,
-                    dynamic=self.compile_dynamic,
-                    backend=self.compile_backend,
-                    **self._compile_options(device_type),
-                )
-            self._compiled[key] = run
+            self._compiled[key] = self._compiled_or_plain(run, device_type)
         return self._compiled[key]
 
     def call_static(
@@ -393,15 +404,7 @@ class Predictor:
                 loss = loss_fn(pred, targets, atoms, graphs)
                 return loss.detach(), torch.autograd.grad(loss, params, allow_unused=True)
 
-            if self.compile:
-                run = torch.compile(
-                    run,
-                    fullgraph=self.compile_fullgraph,
-                    dynamic=self.compile_dynamic,
-                    backend=self.compile_backend,
-                    **self._compile_options(device_type),
-                )
-            self._compiled[key] = run
+            self._compiled[key] = self._compiled_or_plain(run, device_type)
         return self._compiled[key]
 
     def loss_and_grads(
@@ -427,11 +430,7 @@ class Predictor:
         """
         params = tuple(parameters)
         n, g = batch.positions.shape[0], batch.n_graphs
-        if self.pad:
-            b = self.padded(batch)
-        else:
-            b = batch
-            self._check_pairs(b, b.receivers.shape[0])
+        b = self._prepared(batch)
         n_pad, g_pad = b.positions.shape[0] - n, b.n_graphs - g
         ref = batch.positions
         targets = {
@@ -464,11 +463,7 @@ class Predictor:
     def __call__(self, batch: Batch, forces: bool = True, stress: bool = False, create_graph: bool = False) -> dict[str, torch.Tensor]:
         """``{"energy": [G], "forces": [N, 3], "stress": [G, 3, 3]}`` for the real atoms and graphs."""
         n, g = batch.positions.shape[0], batch.n_graphs
-        if self.pad:
-            b = self.padded(batch)
-        else:
-            b = batch
-            self._check_pairs(b, b.receivers.shape[0])
+        b = self._prepared(batch)
         need_grad = forces or stress
         positions = b.positions.detach().requires_grad_(need_grad)
         strain = None
