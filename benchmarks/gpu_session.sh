@@ -120,6 +120,7 @@
 #   owner    one GPU: weight-row parity tests, the kernels per pair in each row-sum mode, linear-map tiles (about 8 minutes)
 #   trainratio one GPU: determinism test, the compiled training step's parameter gradients outside and inside the graph (about 9 minutes)
 #   stepgraph one GPU: the trainer's in-graph compiled step (reduce-overhead) against the eager gradients (about 4 minutes)
+#   stepgraphtiny one GPU: the same with the tiny model on ethanol (about 2 minutes)
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -757,6 +758,11 @@ stepgraph)
   timeout 250 python3 benchmarks/compiled_step_grads.py --device cuda --model i2c3f20l2r --structure diamond \
     --compile-mode reduce-overhead --ways eager in-graph --repeat 20 > "$out/stepgraph.log" 2>&1
   ;;
+stepgraphtiny)
+  # the short form of part stepgraph (for a call with little device time left): the tiny model on ethanol
+  timeout 140 python3 benchmarks/compiled_step_grads.py --device cuda --model tiny --structure ethanol \
+    --compile-mode reduce-overhead --ways eager in-graph --repeat 20 > "$out/stepgraph_tiny.log" 2>&1
+  ;;
 geomdump)
   geomdump 200
   ;;
@@ -764,7 +770,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, geomdump or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, geomdump or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done
