@@ -479,7 +479,7 @@ class Predictor:
         with (
             frozen_parameters(self._parameters) if freeze else contextlib.nullcontext(),
             _compile_context(self.compile),
-            torch.enable_grad() if need_grad else torch.no_grad(),
+            torch.enable_grad() if need_grad or create_graph else torch.no_grad(),
         ):
             energy, f, s = fn(positions, strain, b.types, b.cell, b.shifts, b.receivers, b.senders, b.batch, b.edge_batch, b.n_graphs)
         out = {"energy": energy[:g]}

@@ -151,12 +151,14 @@ def _labelled(batch):
     )
 
 
+@pytest.mark.parametrize("derivatives", [True, False], ids=["energy forces stress", "energy only"])
 @pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled (aot_eager)"])
-def test_loss_and_grads_equal_the_outer_backward(compile):
+def test_loss_and_grads_equal_the_outer_backward(compile, derivatives):
     """``Predictor.loss_and_grads`` (loss and parameter gradients in one function, on padded
     tensors) == the trainer's other way: the prediction with ``create_graph``, ``loss_value`` on
-    the real rows, ``backward(inputs=parameters)``; float64, energy + forces + stress terms; a
-    batch of another size reuses the compiled function (same capacities)."""
+    the real rows, ``backward(inputs=parameters)``; float64, energy + forces + stress terms or
+    energy alone (no derivative of the positions: the prediction must still record the graph);
+    a batch of another size reuses the compiled function (same capacities)."""
     from functools import partial
 
     from flashcart.training.losses import loss_value, masked_loss_value
@@ -164,22 +166,22 @@ def test_loss_and_grads_equal_the_outer_backward(compile):
     torch._dynamo.reset()
     model = FlashCartPotential(["H", "C", "O", "Cu"], use_triton=False, **SMALL).double()
     params = [p for p in model.parameters() if p.requires_grad]
-    loss = {
-        "weighted_sum": [
-            {"property": "energy", "reduce": "mse", "normalization": "per_atom", "weight": 1.0},
-            {"property": "forces", "reduce": "mse", "normalization": "none", "weight": 10.0},
-            {"property": "stress", "reduce": "mae", "normalization": "none", "weight": 0.5},
-        ]
-    }
+    terms = [
+        {"property": "energy", "reduce": "mse", "normalization": "per_atom", "weight": 1.0},
+        {"property": "forces", "reduce": "mse", "normalization": "none", "weight": 10.0},
+        {"property": "stress", "reduce": "mae", "normalization": "none", "weight": 0.5},
+    ]
+    loss = {"weighted_sum": terms if derivatives else terms[:1]}
     backend = CountingBackend()
     p = Predictor(model, compile=compile, pad=True, pad_atom_multiple=32, pad_edge_multiple=1024, compile_backend=backend)
     loss_fn = partial(masked_loss_value, loss)
     for k, atoms in enumerate(([molecule(0), crystal()], [crystal(), molecule(1), molecule(2)])):
         batch = _labelled(as_batch(model, atoms))
         model.zero_grad()
-        want = loss_value(loss, Predictor(model, pad=False)(batch, stress=True, create_graph=True), batch)
+        pred = Predictor(model, pad=False)(batch, forces=derivatives, stress=derivatives, create_graph=True)
+        want = loss_value(loss, pred, batch)
         want.backward(inputs=params)
-        value, grads = p.loss_and_grads(batch, loss_fn, params, forces=True, stress=True)
+        value, grads = p.loss_and_grads(batch, loss_fn, params, forces=derivatives, stress=derivatives)
         assert_close(value, want.detach(), 1e-11, "loss")
         assert len(grads) == len(params)
         for param, g in zip(params, grads):
