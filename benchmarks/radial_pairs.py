@@ -27,8 +27,9 @@ call. Float32, TF32 off::
     python benchmarks/radial_pairs.py --device cpu --model tiny --structure ethanol   # smoke test
 
 ``--calls MODE`` times whole Predictor calls instead (padded unless ``--unpadded``, compiled with
-``MODE``, or eager with ``eager``): the force call, and with ``--training`` the training step (predict with
-create_graph, loss, parameter gradients), with ``FlashCartPotential.radial_pairs`` off and on,
+``MODE``, or eager with ``eager``): the force call, and with ``--training`` the training step as the
+trainer runs it (compiled: loss and parameter gradients in one compiled function,
+``Predictor.loss_and_grads``; eager: predict with create_graph, loss, outer backward), with ``FlashCartPotential.radial_pairs`` off and on,
 each in a process of its own (``--setting edge|pair`` runs one; ``--same-process`` alternates both
 in rounds in one process),
 median ms per call, CUDA synchronised, warm-up and compiles excluded::
@@ -135,7 +136,9 @@ def whole_calls(args, base, batch, device) -> None:
             with predictor.frozen():
                 predictor(batch, forces=True)
 
-        def training():
+        def training():  # the trainer's way: compiled, the gradients inside the graph (Predictor.loss_and_grads)
+            if compiled:
+                return predictor.loss_and_grads(batch, _masked_loss, params, forces=True)
             for p in params:
                 p.grad = None
             out = predictor(batch, forces=True, create_graph=True)
@@ -170,6 +173,13 @@ def whole_calls(args, base, batch, device) -> None:
         if len(settings) == 2:
             line += f" (per pair / per edge {statistics.median(times['per pair']) / statistics.median(times['per edge']):.3f})"
         print(f"{phase}: {line} (median of {args.rounds} rounds of {args.calls_per_round} calls)", flush=True)
+
+
+def _masked_loss(pred, targets, atoms, graphs):
+    """The training step's loss, ``sum(E**2) + mean(F**2)``, on padded tensors (the real rows only)."""
+    energy = torch.where(graphs, pred["energy"], torch.zeros_like(pred["energy"]))
+    forces = torch.where(atoms[:, None], pred["forces"], torch.zeros_like(pred["forces"]))
+    return (energy**2).sum() + (forces**2).sum() / (3 * atoms.sum())
 
 
 def main() -> None:
