@@ -11,21 +11,25 @@ from ..config.loader import named_losses
 __all__ = ["errors", "reduce_errors", "loss_value", "masked_loss_value", "Metrics"]
 
 
+def _per_atoms(e: torch.Tensor, n_atoms: torch.Tensor, norm: str) -> torch.Tensor:
+    """Energy errors divided by ``n`` or ``sqrt(n)`` (per_atom / per_sqrt_atom), or as they are."""
+    n = n_atoms.to(e.dtype)
+    if norm == "per_atom":
+        return e / n
+    if norm == "per_sqrt_atom":
+        return e / n.sqrt()
+    return e
+
+
 def errors(term: dict[str, Any], pred: dict[str, torch.Tensor], batch) -> tuple[torch.Tensor, bool]:
     """Per-item errors ``pred - ref`` for a term, and whether items are vectors (forces rows).
 
     Energies: ``[G]`` (divided by ``n`` or ``sqrt(n)`` for per_atom / per_sqrt_atom); forces:
     ``[N, 3]``; stress: ``[G', 9]`` over graphs that carry a stress label.
     """
-    prop, norm = term["property"], term["normalization"]
+    prop = term["property"]
     if prop == "energy":
-        e = pred["energy"] - batch.energy.to(pred["energy"].dtype)
-        n = batch.n_atoms.to(e.dtype)
-        if norm == "per_atom":
-            e = e / n
-        elif norm == "per_sqrt_atom":
-            e = e / n.sqrt()
-        return e, False
+        return _per_atoms(pred["energy"] - batch.energy.to(pred["energy"].dtype), batch.n_atoms, term["normalization"]), False
     if prop == "forces":
         return pred["forces"] - batch.forces.to(pred["forces"].dtype), True
     ref = batch.stress.to(pred["stress"].dtype)
@@ -33,28 +37,47 @@ def errors(term: dict[str, Any], pred: dict[str, torch.Tensor], batch) -> tuple[
     return (pred["stress"] - ref)[has].reshape(-1, 9), True
 
 
-def reduce_errors(e: torch.Tensor, reduce: str, vector: bool, delta: float | None = None) -> torch.Tensor:
-    """Reduce errors to a scalar (``norm_*`` reduce per-row vector norms)."""
-    if e.numel() == 0:
+def reduce_errors(e: torch.Tensor, reduce: str, vector: bool, delta: float | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Reduce errors to a scalar (``norm_*`` reduce per-row vector norms).
+
+    ``rows`` (bool ``[len(e)]``, padded tensors of a compiled training step): only the rows it
+    selects count; the same value as those rows alone, up to the order of the sums, and zero
+    (with a zero gradient) when it selects none, as for no errors.
+    """
+    if rows is None and e.numel() == 0:
         return e.new_zeros(())
+    w = None if rows is None else rows.to(e.dtype)
+
+    def total(x):
+        return x.sum() if w is None else (x * w.reshape(-1, *[1] * (x.dim() - 1))).sum()
+
+    def mean(x):
+        if w is None:
+            return x.mean()
+        return total(x) / (w.sum() * (x[0].numel() if x.dim() > 1 else 1)).clamp_min(1)
+
     if reduce.startswith("norm"):
         v = torch.linalg.vector_norm(e.reshape(e.shape[0], -1), dim=1) if vector else e.abs()
-        return v.sum() if reduce == "norm_sum" else v.mean()
+        return total(v) if reduce == "norm_sum" else mean(v)
     a = e.abs()
     if reduce == "sae":
-        return a.sum()
+        return total(a)
     if reduce == "mae":
-        return a.mean()
+        return mean(a)
     if reduce == "sse":
-        return (e * e).sum()
+        return total(e * e)
     if reduce == "mse":
-        return (e * e).mean()
+        return mean(e * e)
     if reduce == "rmse":
-        return torch.sqrt((e * e).mean())
+        if w is None:
+            return torch.sqrt(mean(e * e))
+        some = w.sum() > 0  # sqrt(0) has no derivative: no selected row gives 0, as no errors
+        ms = mean(e * e)
+        return torch.where(some, torch.sqrt(torch.where(some, ms, torch.ones_like(ms))), torch.zeros_like(ms))
     if reduce == "maxe":
-        return a.max()
+        return a.max() if w is None else torch.where(w.reshape(-1, *[1] * (a.dim() - 1)) > 0, a, torch.zeros_like(a)).max()
     h = torch.nn.functional.huber_loss(e, torch.zeros_like(e), reduction="none", delta=delta)
-    return h.sum() if reduce == "huber_sum" else h.mean()
+    return total(h) if reduce == "huber_sum" else mean(h)
 
 
 def _terms(loss: dict[str, Any]) -> list[dict[str, Any]]:
@@ -80,52 +103,16 @@ def _masked_errors(term: dict[str, Any], pred: dict[str, torch.Tensor], targets:
     """:func:`errors` on padded tensors: ``(errors, vector, rows)`` with ``rows`` the bool mask of the
     error rows that count (real atoms or graphs; graphs with a stress label). Errors of the other
     rows are finite (padding labels are replaced), so that no NaN reaches a gradient."""
-    prop, norm = term["property"], term["normalization"]
+    prop = term["property"]
     if prop == "energy":
         e = pred["energy"] - targets["energy"].to(pred["energy"].dtype)
-        n = targets["n_atoms"].to(e.dtype).clamp_min(1)
-        if norm == "per_atom":
-            e = e / n
-        elif norm == "per_sqrt_atom":
-            e = e / n.sqrt()
-        return e, False, graph_mask
+        return _per_atoms(e, targets["n_atoms"].clamp_min(1), term["normalization"]), False, graph_mask
     if prop == "forces":
         return pred["forces"] - targets["forces"].to(pred["forces"].dtype), True, atom_mask
     ref = targets["stress"].to(pred["stress"].dtype)
     has = torch.isfinite(ref).all(dim=2).all(dim=1) & graph_mask
     ref = torch.where(has[:, None, None], ref, torch.zeros_like(ref))
     return (pred["stress"] - ref).reshape(-1, 9), True, has
-
-
-def _masked_reduce(e: torch.Tensor, rows: torch.Tensor, reduce: str, vector: bool, delta: float | None) -> torch.Tensor:
-    """:func:`reduce_errors` over the rows ``rows`` selects (the same value, up to the order of the
-    sums; zero when no row counts, as for an empty selection there)."""
-    w = rows.to(e.dtype)
-    n_rows = w.sum()
-    if reduce.startswith("norm"):
-        v = torch.linalg.vector_norm(e.reshape(e.shape[0], -1), dim=1) if vector else e.abs()
-        total = (v * w).sum()
-        return total if reduce == "norm_sum" else total / n_rows.clamp_min(1)
-    per_row = e[0].numel() if e.dim() > 1 else 1
-    count = (n_rows * per_row).clamp_min(1)
-    w = w.reshape(-1, *[1] * (e.dim() - 1))
-    a = e.abs()
-    if reduce == "sae":
-        return (a * w).sum()
-    if reduce == "mae":
-        return (a * w).sum() / count
-    if reduce in ("sse", "mse", "rmse"):
-        sse = (e * e * w).sum()
-        if reduce == "sse":
-            return sse
-        if reduce == "mse":
-            return sse / count
-        some = n_rows > 0  # sqrt(0) has no derivative: a selection without rows gives 0, as reduce_errors
-        return torch.where(some, torch.sqrt(torch.where(some, sse / count, torch.ones_like(sse))), torch.zeros_like(sse))
-    if reduce == "maxe":
-        return torch.where(w > 0, a, torch.zeros_like(a)).max()
-    h = torch.nn.functional.huber_loss(e, torch.zeros_like(e), reduction="none", delta=delta) * w
-    return h.sum() if reduce == "huber_sum" else h.sum() / count
 
 
 def masked_loss_value(
@@ -141,7 +128,7 @@ def masked_loss_value(
     total = None
     for t in _terms(loss):
         e, vec, rows = _masked_errors(t, pred, targets, atom_mask, graph_mask)
-        v = t["weight"] * _masked_reduce(e, rows, t["reduce"], vec, t.get("delta"))
+        v = t["weight"] * reduce_errors(e, t["reduce"], vec, t.get("delta"), rows)
         total = v if total is None else total + v
     return total
 
