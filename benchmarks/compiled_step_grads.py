@@ -48,7 +48,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.eager_overhead import timed  # noqa: E402  (synchronised seconds per call)
-from benchmarks.kernel_profile import build, model_arguments  # noqa: E402
+from benchmarks.kernel_profile import build, masked_loss, model_arguments  # noqa: E402
 from flashcart.model.predictor import Predictor  # noqa: E402
 from flashcart.profiling import synchronize  # noqa: E402
 
@@ -73,20 +73,13 @@ def outer_step(model, batch, compile_mode: str, compile: bool = True):
     return step
 
 
-def _masked_loss(pred, targets, atoms, graphs):
-    """``_loss`` on padded tensors (``Predictor.loss_and_grads``' loss signature): the real rows only."""
-    energy = torch.where(graphs, pred["energy"], torch.zeros_like(pred["energy"]))
-    forces = torch.where(atoms[:, None], pred["forces"], torch.zeros_like(pred["forces"]))
-    return (energy**2).sum() + (forces**2).sum() / (3 * atoms.sum())
-
-
 def in_graph_step(model, batch, compile_mode: str):
     """``Predictor.loss_and_grads``: what the trainer runs with ``predict_compile`` (padded)."""
     predictor = Predictor(model, compile=True, compile_mode=compile_mode)
     params = [p for p in model.parameters() if p.requires_grad]
 
     def step():
-        _, grads = predictor.loss_and_grads(batch, _masked_loss, params, forces=True)
+        _, grads = predictor.loss_and_grads(batch, masked_loss, params, forces=True)
         return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
 
     return step

@@ -120,11 +120,23 @@ def build(args, device: torch.device):
     return model, batch
 
 
+def masked_loss(pred, targets, atoms, graphs):
+    """The profiled training loss, ``sum(E**2) + mean(F**2)``, on padded tensors (the real rows only):
+    ``Predictor.loss_and_grads``' loss signature."""
+    energy = torch.where(graphs, pred["energy"], torch.zeros_like(pred["energy"]))
+    forces = torch.where(atoms[:, None], pred["forces"], torch.zeros_like(pred["forces"]))
+    return (energy**2).sum() + (forces**2).sum() / (3 * atoms.sum())
+
+
 def calls(model, batch, compile_mode: str | None = None):
-    """The two measured calls: inference (energy + forces) and a training step; eager kernels,
-    or with ``compile_mode`` the kernels inductor writes for the compiled Predictor (``default``:
-    the kernels a ``reduce-overhead`` CUDA graph replays, launched one by one)."""
+    """The measured calls: inference (energy + forces) and a training step; eager kernels, or with
+    ``compile_mode`` the kernels inductor writes for the compiled Predictor (``default``: the kernels
+    a ``reduce-overhead`` CUDA graph replays, launched one by one). ``training`` is the prediction
+    with ``create_graph`` and the outer backward; ``training-in-graph`` (compiled only) is what the
+    trainer runs with ``predict_compile``: ``Predictor.loss_and_grads``, padded, the parameter
+    gradients inside the compiled graph."""
     predictor = Predictor(model, compile=compile_mode is not None, compile_mode=compile_mode or "default", pad=False)
+    padded = Predictor(model, compile=True, compile_mode=compile_mode or "default") if compile_mode else None
     params = [p for p in model.parameters() if p.requires_grad]
 
     def inference():
@@ -137,7 +149,12 @@ def calls(model, batch, compile_mode: str | None = None):
         loss = (out["energy"] ** 2).sum() + (out["forces"] ** 2).mean()
         loss.backward(inputs=params)  # parameter gradients only, as the trainer and the profiler
 
-    return {"inference": inference, "training": training}
+    def training_in_graph():
+        if padded is None:
+            raise SystemExit("--phases training-in-graph needs --compile-mode (it is the compiled trainer's step)")
+        padded.loss_and_grads(batch, masked_loss, params, forces=True)
+
+    return {"inference": inference, "training": training, "training-in-graph": training_in_graph}
 
 
 def _kernel_rows(prof, repeat: int, annotations: set[str]):
@@ -260,7 +277,7 @@ def host_profile(fn, device: torch.device, calls: int, rows: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     model_arguments(parser)
-    parser.add_argument("--phases", nargs="+", default=["inference", "training"], choices=["inference", "training"])
+    parser.add_argument("--phases", nargs="+", default=["inference", "training"], choices=["inference", "training", "training-in-graph"])
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--rows", type=int, default=30)

@@ -49,7 +49,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.kernel_profile import build, model_arguments  # noqa: E402
+from benchmarks.kernel_profile import build, masked_loss, model_arguments  # noqa: E402
 from flashcart.cartesian._weight_rows import weight_rows_sum  # noqa: E402
 from flashcart.nn.edge_pairs import edge_pairs  # noqa: E402
 
@@ -138,7 +138,7 @@ def whole_calls(args, base, batch, device) -> None:
 
         def training():  # the trainer's way: compiled, the gradients inside the graph (Predictor.loss_and_grads)
             if compiled:
-                return predictor.loss_and_grads(batch, _masked_loss, params, forces=True)
+                return predictor.loss_and_grads(batch, masked_loss, params, forces=True)
             for p in params:
                 p.grad = None
             out = predictor(batch, forces=True, create_graph=True)
@@ -173,13 +173,6 @@ def whole_calls(args, base, batch, device) -> None:
         if len(settings) == 2:
             line += f" (per pair / per edge {statistics.median(times['per pair']) / statistics.median(times['per edge']):.3f})"
         print(f"{phase}: {line} (median of {args.rounds} rounds of {args.calls_per_round} calls)", flush=True)
-
-
-def _masked_loss(pred, targets, atoms, graphs):
-    """The training step's loss, ``sum(E**2) + mean(F**2)``, on padded tensors (the real rows only)."""
-    energy = torch.where(graphs, pred["energy"], torch.zeros_like(pred["energy"]))
-    forces = torch.where(atoms[:, None], pred["forces"], torch.zeros_like(pred["forces"]))
-    return (energy**2).sum() + (forces**2).sum() / (3 * atoms.sum())
 
 
 def main() -> None:
