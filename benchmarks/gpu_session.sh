@@ -121,6 +121,7 @@
 #   trainratio one GPU: determinism test, the compiled training step's parameter gradients outside and inside the graph (about 9 minutes)
 #   stepgraph one GPU: the trainer's in-graph compiled step (reduce-overhead) against the eager gradients (about 4 minutes)
 #   stepgraphtiny one GPU: the same with the tiny model on ethanol (about 2 minutes)
+#   profile2 one GPU: both models' compiled force call and in-graph training step, kernel by kernel (about 9 minutes)
 #   nextstep one GPU: reduce-overhead force call and in-graph training step in one process (about 7 minutes)
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
@@ -770,6 +771,15 @@ nextstep)
   timeout 420 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond --calls reduce-overhead \
     --training --setting pair --rounds 7 --calls-per-round 20 > "$out/calls_training.log" 2>&1
   ;;
+profile2)
+  # issue 14 item 1 for the trainer's step: the compiled force call's and the in-graph training step's kernels
+  # (Predictor.loss_and_grads), both published models side by side (compiles in parallel, profiles in turn: --lock)
+  for m in i2c3f20l2r i3c3f64l2; do
+    timeout 540 python3 benchmarks/kernel_profile.py --device cuda --model $m --phases inference training-in-graph \
+      --compile-mode default --repeat 5 --rows 45 --lock /tmp/profile.lock > "$out/profile_$m.log" 2>&1 &
+  done
+  wait
+  ;;
 geomdump)
   geomdump 200
   ;;
@@ -777,7 +787,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, geomdump or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, geomdump or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import fcntl
 import os
 import sys
 from pathlib import Path
@@ -175,9 +177,31 @@ def _kernel_rows(prof, repeat: int, annotations: set[str]):
 
 
 def report(name: str, fn, device: torch.device, args, bandwidth: float | None) -> None:
+    fn()  # the first call compiles: outside the lock, so that processes sharing a GPU compile side by side
+    synchronize(device)
+    with _exclusive(args.lock):
+        _report(name, fn, device, args, bandwidth)
+
+
+@contextlib.contextmanager
+def _exclusive(path: str | None):
+    """Hold an exclusive ``flock`` on ``path`` (none without a path): processes profiling on one GPU
+    take turns for their warm-up and profiled calls, never timing each other's kernels."""
+    if path is None:
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _report(name: str, fn, device: torch.device, args, bandwidth: float | None) -> None:
     from torch.profiler import ProfilerActivity, profile
 
-    for _ in range(args.warmup):
+    for _ in range(max(args.warmup - 1, 0)):
         fn()
     synchronize(device)
     counter = CountBytes()
@@ -287,6 +311,9 @@ def main() -> None:
         choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs"],
         help="profile the compiled Predictor's kernels (default: eager); 'default' launches the kernels a reduce-overhead graph replays",
     )
+    parser.add_argument(
+        "--lock", default=None, metavar="FILE", help="take turns with other processes on this GPU: profile while holding a flock on FILE"
+    )
     parser.add_argument("--host-profile", type=int, default=0, metavar="N", help="also cProfile N eager calls (host time)")
     parser.add_argument("--gemm-shapes", action="store_true", help="also list the matrix products by operand shapes (device time)")
     args = parser.parse_args()
@@ -295,7 +322,8 @@ def main() -> None:
     device = torch.device(args.device)
     model, batch = build(args, device)
     n_params = sum(p.numel() for p in model.parameters())
-    bw = copy_bandwidth(device) if device.type == "cuda" else None
+    with _exclusive(args.lock):
+        bw = copy_bandwidth(device) if device.type == "cuda" else None
     print(
         f"[setup] model={args.model} ({n_params} parameters) structure={args.structure} atoms={batch.positions.shape[0]} "
         f"edges={batch.receivers.shape[0]} r_max={args.r_max} device={device} float32 tf32=off torch={torch.__version__} "
