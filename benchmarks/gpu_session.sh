@@ -121,6 +121,7 @@
 #   trainratio one GPU: determinism test, the compiled training step's parameter gradients outside and inside the graph (about 9 minutes)
 #   stepgraph one GPU: the trainer's in-graph compiled step (reduce-overhead) against the eager gradients (about 4 minutes)
 #   stepgraphtiny one GPU: the same with the tiny model on ethanol (about 2 minutes)
+#   unitab   one GPU: FLASHCART_LINEAR_UNIT on and off: linear GPU parity, the maps, i3c3f64l2's force call (about 8 minutes)
 #   profile2 one GPU: both models' compiled force call and in-graph training step, kernel by kernel (about 9 minutes)
 #   nextstep one GPU: reduce-overhead force call and in-graph training step in one process (about 7 minutes)
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
@@ -473,6 +474,21 @@ fixed2)
     --neighbours cells --capacity fixed > "$out/export_diamond.log" 2>&1
   gpu_tests 0 "$X::test_cuda_fixed_capacity_package_in_cuda_graphs_matches_predictor[dtype0-1e-05-True]:280" > "$out/tests_fixed.log" 2>&1
   ;;
+unitab)
+  # the grouped matmul compiled for its contiguous operand axes (FLASHCART_LINEAR_UNIT): GPU parity (float64, 1e-12),
+  # the maps alone (CUDA-graph replays) and i3c3f64l2's reduce-overhead force call, on and off (a process each)
+  timeout 150 python3 -m pytest -q -m gpu tests/cartesian/test_triton_parity.py -k linear -p no:cacheprovider --tb=short \
+    > "$out/tests_linear.log" 2>&1
+  (cd benchmarks && for m in i3c3f64l2 i2c3f20l2r; do
+    timeout 90 python3 linear_tiles.py --model $m --tiles default 32x32x32x4x2 64x64x32x4x3 --unit 0 1 1 0
+    timeout 60 python3 linear_tiles.py --model $m --weight-grad 2048x8 --unit 0 1 1 0
+  done) > "$out/linear_unit.log" 2>&1
+  for u in 1 0; do
+    echo "=== FLASHCART_LINEAR_UNIT=$u"
+    FLASHCART_LINEAR_UNIT=$u TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 timeout 130 python3 benchmarks/radial_pairs.py --device cuda \
+      --model i3c3f64l2 --structure diamond --calls reduce-overhead --setting pair --rounds 7 --calls-per-round 20
+  done > "$out/calls_unit.log" 2>&1
+  ;;
 trainprofile2)
   # the compiled training step's kernels after the CSR change (its compile alone takes about 3 minutes)
   timeout 560 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases training --compile-mode default --repeat 5 \
@@ -787,7 +803,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, geomdump or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, geomdump or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

@@ -11,6 +11,7 @@ the summed time and the FP32 rate.
     python benchmarks/linear_tiles.py --model i2c3f20l2r --tiles 32x32x32x4 32x32x16x4x2
     python benchmarks/linear_tiles.py --model i3c3f64l2 --weight-grad 0x64 1024x16   # weight-gradient splits
     python benchmarks/linear_tiles.py --model i3c3f64l2 --split 0x2 528x2 1056x1   # forward / input-gradient splits
+    python benchmarks/linear_tiles.py --model i3c3f64l2 --tiles default --unit 0 1   # contiguous axes (FLASHCART_LINEAR_UNIT)
 
 ``--weight-grad PROGRAMSxROWS ...`` times the weight gradients instead (``lin_bwd_w``, the
 training step's extra launch per map) under each split rule of ``ops.WeightGradSplit``
@@ -71,6 +72,13 @@ def main() -> None:
     parser.add_argument("--weight-grad", nargs="+", metavar="PROGRAMSxROWS", help="time the weight gradients under these split rules")
     parser.add_argument("--split", nargs="+", metavar="PROGRAMSxKSTEPS", help="time forward + input gradient under these split rules")
     parser.add_argument("--cublas", action="store_true", help="also time the maps through cuBLAS (PyTorch backend, and packed operands)")
+    parser.add_argument(
+        "--unit",
+        nargs="+",
+        default=["1"],
+        choices=["0", "1"],
+        help="FLASHCART_LINEAR_UNIT settings to time each case under (1: contiguous axes compiled as such, 0: general addressing)",
+    )
     parser.add_argument("--device", default="cuda", help="cuda; cpu only to smoke-test the script under TRITON_INTERPRET=1")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -102,21 +110,24 @@ def main() -> None:
     cuda = args.device == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     reference = None
-    print(f"{'tiles':<16} {'ms':>8} {'TFLOP/s':>8} {'max rel. diff':>14}")
-    for raw in args.tiles:
+    print(f"{'tiles':<24} {'ms':>8} {'TFLOP/s':>8} {'max rel. diff':>14}")
+    for raw, unit in [(raw, unit) for raw in args.tiles for unit in args.unit]:
         ops.LINEAR_TILES = None if raw == "default" else linear_tiles(raw)  # default: each layer's default_tiles
+        ops.LINEAR_UNIT = unit == "1"
+        label = f"{raw} unit={unit}"
         try:
             out = run()
             sync()
         except Exception as exc:  # a shape that does not compile or launch: report and go on
-            print(f"{raw:<16} failed: {type(exc).__name__}: {str(exc)[:120]}")
+            print(f"{label:<24} failed: {type(exc).__name__}: {str(exc)[:120]}")
             continue
         if reference is None:
             reference = out
         diff = max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-30)) for pa, pb in zip(out, reference) for a, b in zip(pa, pb))
         ms = _milliseconds(run, cuda)
-        print(f"{raw:<16} {ms:>8.3f} {total_flop / (ms * 1e-3) / 1e12:>8.2f} {diff:>14.2e}")
+        print(f"{label:<24} {ms:>8.3f} {total_flop / (ms * 1e-3) / 1e12:>8.2f} {diff:>14.2e}")
     ops.LINEAR_TILES = None
+    ops.LINEAR_UNIT = ops._linear_unit_mode()
     if args.cublas:
         cublas(cases, total_flop, args, reference)
 
@@ -226,9 +237,10 @@ def weight_grads(cases, flop: int, args) -> None:
     reference = None
     print(f"weight gradients: {flop / 1e9:.2f} GFLOP")
     print(f"{'rule':<12} {'splits (per map)':<40} {'ms':>8} {'TFLOP/s':>8} {'max rel. diff':>14}")
-    for raw in args.weight_grad:
+    for raw, unit in [(raw, unit) for raw in args.weight_grad for unit in args.unit]:
         programs, rows = _rule(raw, "--weight-grad")
         ops.WEIGHT_GRAD_SPLIT = ops.WeightGradSplit(programs, rows)
+        ops.LINEAR_UNIT = unit == "1"
         splits = sorted({int(ops.weight_grad_split(lin.key, args.rows)) for lin, *_ in cases})
 
         def run():
@@ -239,8 +251,9 @@ def weight_grads(cases, flop: int, args) -> None:
             reference = out
         diff = max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-30)) for a, b in zip(out, reference))
         ms = _milliseconds(run, cuda)
-        print(f"{raw:<12} {str(splits):<40} {ms:>8.3f} {flop / (ms * 1e-3) / 1e12:>8.2f} {diff:>14.2e}")
+        print(f"{raw + ' unit=' + unit:<12} {str(splits):<40} {ms:>8.3f} {flop / (ms * 1e-3) / 1e12:>8.2f} {diff:>14.2e}")
     ops.WEIGHT_GRAD_SPLIT = ops.WeightGradSplit()  # the default rule again
+    ops.LINEAR_UNIT = ops._linear_unit_mode()
 
 
 if __name__ == "__main__":

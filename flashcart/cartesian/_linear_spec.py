@@ -21,6 +21,8 @@ __all__ = [
     "linear_key",
     "launch_table",
     "n_tiles",
+    "unit_axes",
+    "UNIT_BITS",
     "COLUMNS",
     "COLUMN",
     "OPERAND_FIELDS",
@@ -161,3 +163,42 @@ def launch_rows(key: str) -> tuple:
             )
         )
     return (tuple(fwd), tuple(bwd_x), tuple(bwd_w))
+
+
+# grouped_matmul's UNIT bits (linear_kernel.A_I ...): operand, axis.
+UNIT_BITS = {("a", "i"): 1, ("a", "j"): 2, ("b", "i"): 4, ("b", "j"): 8, ("c", "i"): 16, ("c", "j"): 32}
+
+
+@lru_cache(maxsize=None)
+def unit_axes(key: str, kind: int) -> tuple[int, int]:
+    """``(UNIT, ALIGN)`` of launch ``kind`` of map ``key`` for the grouped matmul.
+
+    ``UNIT``: the :data:`UNIT_BITS` of the operand axes whose offset is the index itself in every
+    group (the axis's divisor is :data:`BIG`, its high stride 0 and its low stride 1: contiguous,
+    no division). ``ALIGN`` (1, 2 or 4): the largest that divides every operand's base offset and
+    strides and, along the unit axes, the sizes (``mul * rows + const`` with both multiples), so
+    that contiguous runs start aligned and masks do not change inside a run of ``ALIGN``.
+    """
+    rows = launch_rows(key)[kind]
+    unit = 0
+    for (x, axis), bit in UNIT_BITS.items():
+        d, hi, lo = (f"{x}_d{axis}", f"{x}_s{axis}_hi", f"{x}_s{axis}_lo")
+        if all(r[COLUMN[d]] == BIG and r[COLUMN[hi]] == 0 and r[COLUMN[lo]] == 1 for r in rows):
+            unit |= bit
+    values = [r[COLUMN[f"{x}_off"]] for r in rows for x in "abc"]
+    values += [
+        r[COLUMN[f"{x}_s{axis}_{part}"]] for r in rows for (x, axis), bit in UNIT_BITS.items() if not unit & bit for part in ("hi", "lo")
+    ]
+    sizes = {"i": ("m_mul", "m_const"), "j": ("n_size",), "k": ("k_mul", "k_const")}
+    along = set()
+    if unit & (UNIT_BITS["a", "i"] | UNIT_BITS["c", "i"]):
+        along.add("i")
+    if unit & (UNIT_BITS["b", "j"] | UNIT_BITS["c", "j"]):
+        along.add("j")
+    if unit & (UNIT_BITS["a", "j"] | UNIT_BITS["b", "i"]):
+        along.add("k")
+    values += [r[COLUMN[c]] for r in rows for a in along for c in sizes[a]]
+    align = 4
+    while align > 1 and any(v % align for v in values):
+        align //= 2
+    return unit, align

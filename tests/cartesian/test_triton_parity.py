@@ -288,15 +288,19 @@ def test_linear_parity(device, dispatch):
 @needs_triton
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("tiles", ["16x16x16x1", "32x16x32x2x2", "64x64x16x4x3"])
-def test_linear_parity_for_other_tile_shapes(device, tiles, monkeypatch):
+@pytest.mark.parametrize("unit", [True, False])
+@pytest.mark.parametrize("features", [(9, 20), (8, 12)])
+def test_linear_parity_for_other_tile_shapes(device, tiles, unit, features, monkeypatch):
     """FLASHCART_LINEAR_TILES shapes (several tiles per group, K steps with a masked tail, a
-    row count that is no multiple of the tile): output, input and weight gradients equal the
-    PyTorch backend's."""
+    row count that is no multiple of the tile), with the contiguous axes compiled as such or
+    not (FLASHCART_LINEAR_UNIT; 9 input channels: no alignment, 8 -> 12: 4-element alignment):
+    output, input and weight gradients equal the PyTorch backend's."""
     import flashcart.cartesian._triton.ops as ops
     from flashcart.cartesian._triton.linear_kernel import linear_tiles
 
     monkeypatch.setattr(ops, "LINEAR_TILES", linear_tiles(tiles))
-    ref, tri = _pair(EquivariantLinear, 3, 2, 9, 20, in_paths=[2, 3, 1, 2])
+    monkeypatch.setattr(ops, "LINEAR_UNIT", unit)
+    ref, tri = _pair(EquivariantLinear, 3, 2, *features, in_paths=[2, 3, 1, 2])
     ref, tri = ref.to(device, torch.float64), tri.to(device, torch.float64)
     x = torch.randn(37, ref.in_width, dtype=torch.float64, device=device)
     gy = torch.randn(37, ref.out_width, dtype=torch.float64, device=device)
@@ -445,6 +449,71 @@ def test_csr_backward_setting_is_checked(monkeypatch):
     monkeypatch.setenv("FLASHCART_FUSED_CSR_BACKWARD", "yes")
     with pytest.raises(ValueError, match="FLASHCART_FUSED_CSR_BACKWARD must be 0 or 1, got 'yes'"):
         _csr_backward_mode()
+
+
+def test_linear_unit_setting_is_checked(monkeypatch):
+    from flashcart.cartesian._triton import ops
+
+    for raw, want in (("0", False), ("1", True), ("", True)):
+        monkeypatch.setenv("FLASHCART_LINEAR_UNIT", raw)
+        assert ops._linear_unit_mode() is want
+    monkeypatch.setenv("FLASHCART_LINEAR_UNIT", "yes")
+    with pytest.raises(ValueError, match="FLASHCART_LINEAR_UNIT must be 0 or 1, got 'yes'"):
+        ops._linear_unit_mode()
+
+
+@pytest.mark.skipif(not triton_available(), reason="needs triton")
+def test_linear_unit_axes_compile_to_16_byte_loads():
+    """Compiled for sm_90 as the launcher compiles it (a published 64-channel map's forward,
+    input and weight gradients, operands 16-byte aligned), the grouped matmul copies its
+    float32 operand tiles with 16-byte ``cp.async`` and no 4-byte ones (with the general
+    addressing every copy was 4 bytes), without spills, and without ``tl.dot`` (float64) too."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    key = "3|3|64|64|4,6,7,6"
+    for dtype, tiles in (("fp32", ["64x64x16x4x2", "32x32x16x4x2"]), ("fp64", ["32x32x16x4x2"])):
+        for kind in ("0", "1", "2"):
+            args = ["--linear-tiles", *tiles, "--dtype", dtype, "--linear-key", key, "--linear-kind", kind]
+            run = subprocess.run(
+                [sys.executable, "-m", "flashcart.cartesian._triton.compile_check", *args], env=env, capture_output=True, text=True
+            )
+            assert run.returncode == 0, run.stderr[-3000:]
+            lines = [line for line in run.stdout.splitlines() if line.startswith("linear")]
+            assert len(lines) == len(tiles), run.stdout
+            for line in lines:
+                assert "STACK:0 " in line and "LOCAL:0" in line, line
+                assert " 16B:" in line and " 4B:" not in line, line
+
+
+def test_linear_unit_axes_follow_the_launch_table():
+    """``unit_axes``: the bits name exactly the operand axes whose offset is the index itself in
+    every group (checked by evaluating the table's offset formula), and ``ALIGN`` divides every
+    base offset, every other axis's strides and the sizes along unit axes (the hints the kernel
+    gives the compiler)."""
+    from flashcart.cartesian._linear_spec import BIG, COLUMN, UNIT_BITS, launch_rows, unit_axes
+
+    for key, aligned in (("3|3|64|64|4,6,7,6", 4), ("2|2|20|20|1,1,1", 4), ("3|2|9|20|2,3,1,2", 1), ("2|3|6|10|1,2,1", 2)):
+        for kind in range(3):
+            unit, align = unit_axes(key, kind)
+            assert align == aligned, (key, kind)
+            rows = launch_rows(key)[kind]
+            for (x, axis), bit in UNIT_BITS.items():
+                offsets = []
+                for r in rows:
+                    d, hi, lo = (r[COLUMN[f"{x}_{c}"]] for c in (f"d{axis}", f"s{axis}_hi", f"s{axis}_lo"))
+                    offsets.append([(i // d) * hi + (i % d) * lo for i in range(50)])
+                    if not unit & bit:
+                        assert hi % align == 0 and lo % align == 0
+                is_index = all(o == list(range(50)) for o in offsets)
+                assert bool(unit & bit) == is_index, (key, kind, x, axis)
+            for r in rows:
+                assert all(r[COLUMN[f"{x}_off"]] % align == 0 for x in "abc")
+    # forward: A along K, B (the weights [F_out, K]) along K, C along N; never a divisor but BIG on them
+    assert unit_axes("3|3|64|64|4,6,7,6", 0)[0] == UNIT_BITS["a", "j"] | UNIT_BITS["b", "i"] | UNIT_BITS["c", "j"]
+    assert BIG > 2**20
 
 
 def test_linear_tiles_setting_is_checked():

@@ -129,17 +129,22 @@ def resource_usage(key: str, dtype: str = "fp32", block_f: int = 64, dbwd_only: 
     return report
 
 
-def linear_resource_usage(tiles: list[str], dtype: str = "fp32", n_groups: int = 3) -> dict[str, str]:
+def linear_resource_usage(
+    tiles: list[str], dtype: str = "fp32", n_groups: int = 3, key: str | None = None, kind: int = 0
+) -> dict[str, str]:
     """``{tile shape: resource usage}`` of the grouped matmul compiled for sm_90, for each
-    ``FLASHCART_LINEAR_TILES`` value in ``tiles``."""
+    ``FLASHCART_LINEAR_TILES`` value in ``tiles``. With ``key`` (a linear map) it is compiled for
+    that map's launch ``kind`` as the launcher compiles it (``_linear_spec.unit_axes``, operands
+    16-byte aligned), and the line also counts the global loads by width in bytes
+    (``loads 16B:n 4B:m``: ``cp.async`` copies and plain loads of the operands)."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("compile_check needs TRITON_INTERPRET unset (the interpreter replaces @triton.jit)")
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from .._linear_spec import N_COLS
-    from .linear_kernel import default_tiles, grouped_matmul, linear_tiles
+    from .._linear_spec import N_COLS, linear_spec
+    from .linear_kernel import default_tiles, grouped_matmul, kernel_unit_axes, linear_tiles
 
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     report = {}
@@ -154,10 +159,24 @@ def linear_resource_usage(tiles: list[str], dtype: str = "fp32", n_groups: int =
             "c_split_stride": "i32",
         }
         constexprs = dict(
-            N_GROUPS=n_groups, NCOL=N_COLS, BM=t.bm, BN=t.bn, BK=t.bk, USE_DOT=dtype != "fp64", SPLIT=1, PRECISION=t.precision
+            N_GROUPS=n_groups,
+            NCOL=N_COLS,
+            BM=t.bm,
+            BN=t.bn,
+            BK=t.bk,
+            USE_DOT=dtype != "fp64",
+            SPLIT=1,
+            PRECISION=t.precision,
+            UNIT=0,
+            ALIGN=1,
         )
+        attrs = None
+        if key is not None:
+            constexprs["N_GROUPS"] = linear_spec(key).n_mixed
+            constexprs["UNIT"], constexprs["ALIGN"] = kernel_unit_axes(key, kind, dtype != "fp64")
+            attrs = {(i,): [["tt.divisibility", 16]] for i in range(4)}  # the pointers, as Triton specialises aligned tensors
         signature |= {c: "constexpr" for c in constexprs}
-        src = ASTSource(fn=grouped_matmul, signature=signature, constexprs=constexprs)
+        src = ASTSource(fn=grouped_matmul, signature=signature, constexprs=constexprs, attrs=attrs)
         options = {"num_warps": t.warps} | ({} if t.stages is None else {"num_stages": t.stages})
         kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
         with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
@@ -165,8 +184,26 @@ def linear_resource_usage(tiles: list[str], dtype: str = "fp32", n_groups: int =
             fh.flush()
             usage = subprocess.run([str(tool), "--dump-resource-usage", fh.name], capture_output=True, text=True, check=True).stdout
         line = next(s for s in usage.splitlines() if "REG:" in s)
-        report[raw or "default"] = " ".join(f for f in line.split() if f.split(":")[0] in ("REG", "STACK", "LOCAL"))
+        text = " ".join(f for f in line.split() if f.split(":")[0] in ("REG", "STACK", "LOCAL"))
+        if key is not None:
+            text += " loads " + " ".join(f"{b}B:{n}" for b, n in sorted(global_loads(kernel.asm["ptx"]).items(), reverse=True))
+        report[raw or "default"] = text
     return report
+
+
+def global_loads(ptx: str) -> dict[int, int]:
+    """``{bytes: count}`` of the global-memory reads in ``ptx`` (``cp.async`` copies into shared
+    memory and ``ld.global`` of floats), by width."""
+    import re
+
+    counts: dict[int, int] = {}
+    for m in re.finditer(r"cp\.async\.c[ag]\.shared\.global \[[^\]]*\], \[[^\]]*\], 0x([0-9a-f]+)", ptx):
+        b = int(m.group(1), 16)
+        counts[b] = counts.get(b, 0) + 1
+    for m in re.finditer(r"ld\.global(?:\.\w+)*?(?:\.v(\d))?\.(?:f|b)(32|64)\b", ptx):
+        b = int(m.group(1) or 1) * int(m.group(2)) // 8
+        counts[b] = counts.get(b, 0) + 1
+    return counts
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -176,9 +213,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--block-f", type=int, default=64)
     parser.add_argument("--dbwd-only", action="store_true", help="only the fused double-backward kernels")
     parser.add_argument("--linear-tiles", nargs="+", help="compile the grouped matmul with these FLASHCART_LINEAR_TILES values instead")
+    parser.add_argument(
+        "--linear-key", default=None, help="with --linear-tiles: compile for this map's contiguous axes (e.g. '3|3|64|64|4,6,7,6')"
+    )
+    parser.add_argument("--linear-kind", type=int, default=0, choices=[0, 1, 2], help="forward, input gradient, weight gradient")
     args = parser.parse_args(argv)
     if args.linear_tiles:
-        for label, usage in linear_resource_usage(args.linear_tiles, args.dtype).items():
+        for label, usage in linear_resource_usage(args.linear_tiles, args.dtype, key=args.linear_key, kind=args.linear_kind).items():
             print(f"linear {label:25s} {usage}")
         return
     for label, usage in resource_usage(args.key, args.dtype, args.block_f, args.dbwd_only).items():

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import triton
 import triton.language as tl
 
-from .._linear_spec import COLUMN, OPERAND_FIELDS
+from .._linear_spec import COLUMN, OPERAND_FIELDS, UNIT_BITS, unit_axes
 
 _TILES_ENV = "FLASHCART_LINEAR_TILES"
 
@@ -87,6 +87,20 @@ def linear_tiles(raw: str | None = None) -> LinearTiles | None:
     return LinearTiles(*values, precision=precision)
 
 
+# Without ``tl.dot`` (float64 on CUDA: the broadcast product) contiguous B operands make the
+# compiler convert layouts in registers: compiled for sm_90 the 32 x 32 x 16 tile then spills
+# 184-312 bytes, against none with the A and C axes alone.
+_NO_DOT_UNIT_MASK = UNIT_BITS["a", "i"] | UNIT_BITS["a", "j"] | UNIT_BITS["c", "i"] | UNIT_BITS["c", "j"]
+
+
+def kernel_unit_axes(key: str, kind: int, use_dot: bool) -> tuple[int, int]:
+    """``(UNIT, ALIGN)`` for :func:`grouped_matmul` running launch ``kind`` of linear map ``key``:
+    :func:`~flashcart.cartesian._linear_spec.unit_axes`, without B's axes when the product is
+    not a ``tl.dot``."""
+    unit, align = unit_axes(key, kind)
+    return (unit if use_dot else unit & _NO_DOT_UNIT_MASK), align
+
+
 # Column positions, derived from the column names of the table builder (``_linear_spec``).
 _M_MUL = tl.constexpr(COLUMN["m_mul"])
 _M_CONST = tl.constexpr(COLUMN["m_const"])
@@ -121,6 +135,29 @@ def _part(idx, d, s_hi, s_lo):
     return q.to(tl.int64) * s_hi + (i32 - q * d32).to(tl.int64) * s_lo
 
 
+@triton.jit
+def _axis(idx, d, s_hi, s_lo, unit: tl.constexpr, align: tl.constexpr):
+    """The offset part of one axis: ``idx`` itself on a unit axis (``d`` no index reaches,
+    ``s_hi = 0``, ``s_lo = 1``), else :func:`_part`, whose values are multiples of ``align``
+    (both strides are)."""
+    if unit:
+        return idx.to(tl.int64)
+    part = _part(idx, d, s_hi, s_lo)
+    if align > 1:
+        part = tl.multiple_of(part, align)
+    return part
+
+
+# Bits of grouped_matmul's UNIT: the axes (i: rows, j: columns) of operands A, B and C whose
+# offset is the index itself in every group (``_linear_spec.unit_axes``).
+A_I = tl.constexpr(UNIT_BITS["a", "i"])
+A_J = tl.constexpr(UNIT_BITS["a", "j"])
+B_I = tl.constexpr(UNIT_BITS["b", "i"])
+B_J = tl.constexpr(UNIT_BITS["b", "j"])
+C_I = tl.constexpr(UNIT_BITS["c", "i"])
+C_J = tl.constexpr(UNIT_BITS["c", "j"])
+
+
 @triton.jit(do_not_specialize=["n_rows"])
 def grouped_matmul(
     a_ptr,
@@ -137,6 +174,8 @@ def grouped_matmul(
     USE_DOT: tl.constexpr,
     SPLIT: tl.constexpr,
     PRECISION: tl.constexpr = "ieee",
+    UNIT: tl.constexpr = 0,
+    ALIGN: tl.constexpr = 1,
 ):
     pid = tl.cast(tl.program_id(0), tl.int64)
     split = tl.cast(tl.program_id(1), tl.int64)
@@ -175,26 +214,40 @@ def grouped_matmul(
     # address as written, so a helper taking ``tab`` made it clone and copy back the launch table
     # around every inlined launch (and corrupt it, an illegal address on the H200).
     a_off0 = tl.load(tab + _A + _OFF)
+    b_off0 = tl.load(tab + _B + _OFF)
+    if ALIGN > 1:
+        a_off0 = tl.multiple_of(a_off0, ALIGN)
+        b_off0 = tl.multiple_of(b_off0, ALIGN)
     a_di = tl.load(tab + _A + _DI)
     a_si_hi = tl.load(tab + _A + _SI_HI)
     a_si_lo = tl.load(tab + _A + _SI_LO)
     a_dj = tl.load(tab + _A + _DJ)
     a_sj_hi = tl.load(tab + _A + _SJ_HI)
     a_sj_lo = tl.load(tab + _A + _SJ_LO)
-    b_off0 = tl.load(tab + _B + _OFF)
     b_di = tl.load(tab + _B + _DI)
     b_si_hi = tl.load(tab + _B + _SI_HI)
     b_si_lo = tl.load(tab + _B + _SI_LO)
     b_dj = tl.load(tab + _B + _DJ)
     b_sj_hi = tl.load(tab + _B + _SJ_HI)
     b_sj_lo = tl.load(tab + _B + _SJ_LO)
-    a_rows = a_off0 + _part(rm, a_di, a_si_hi, a_si_lo)  # [BM]
-    b_cols = b_off0 + _part(rn, b_dj, b_sj_hi, b_sj_lo)  # [BN]
+    # UNIT (bits A_I, A_J, B_I, B_J, C_I, C_J): axes whose offset is the index itself in every
+    # group of the table (no division, contiguous: vector loads and stores); ALIGN: the base
+    # offsets, the other axes' strides and the sizes along unit axes are multiples of it (the
+    # host checked: _linear_spec.unit_axes), which lets the compiler prove the vectors' alignment.
+    a_rows = a_off0 + _axis(rm, a_di, a_si_hi, a_si_lo, A_I & UNIT, ALIGN)  # [BM]
+    b_cols = b_off0 + _axis(rn, b_dj, b_sj_hi, b_sj_lo, B_J & UNIT, ALIGN)  # [BN]
+    if ALIGN > 1:
+        if (A_J | B_I) & UNIT:
+            k_hi = tl.multiple_of(k_hi, ALIGN)
+        if (A_I | C_I) & UNIT:
+            m_mask = rm < tl.multiple_of(m_size, ALIGN)
+        if (B_J | C_J) & UNIT:
+            n_mask = rn < tl.multiple_of(n_size, ALIGN)
     for k0 in range(k_lo, k_hi, BK):
-        rk = k0 + tl.arange(0, BK)
+        rk = tl.multiple_of(k0, BK) + tl.arange(0, BK)
         k_mask = rk < k_hi
-        a_off = a_rows[:, None] + _part(rk, a_dj, a_sj_hi, a_sj_lo)[None, :]
-        b_off = _part(rk, b_di, b_si_hi, b_si_lo)[:, None] + b_cols[None, :]
+        a_off = a_rows[:, None] + _axis(rk, a_dj, a_sj_hi, a_sj_lo, A_J & UNIT, ALIGN)[None, :]
+        b_off = _axis(rk, b_di, b_si_hi, b_si_lo, B_I & UNIT, ALIGN)[:, None] + b_cols[None, :]
         a = tl.load(a_ptr + a_off, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         b = tl.load(b_ptr + b_off, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
         if USE_DOT:
@@ -210,11 +263,17 @@ def grouped_matmul(
         scale = tl.cast(s32, c_ptr.dtype.element_ty)
     scale = tl.where(fan > 0, scale, tl.zeros_like(scale))
     c_off0 = tl.load(tab + _C + _OFF)
+    if ALIGN > 1:
+        c_off0 = tl.multiple_of(c_off0, ALIGN)
     c_di = tl.load(tab + _C + _DI)
     c_si_hi = tl.load(tab + _C + _SI_HI)
     c_si_lo = tl.load(tab + _C + _SI_LO)
     c_dj = tl.load(tab + _C + _DJ)
     c_sj_hi = tl.load(tab + _C + _SJ_HI)
     c_sj_lo = tl.load(tab + _C + _SJ_LO)
-    c_off = c_off0 + _part(rm, c_di, c_si_hi, c_si_lo)[:, None] + _part(rn, c_dj, c_sj_hi, c_sj_lo)[None, :]
+    c_off = (
+        c_off0
+        + _axis(rm, c_di, c_si_hi, c_si_lo, C_I & UNIT, ALIGN)[:, None]
+        + _axis(rn, c_dj, c_sj_hi, c_sj_lo, C_J & UNIT, ALIGN)[None, :]
+    )
     tl.store(c_ptr + split * c_split_stride + c_off, acc * scale, mask=m_mask[:, None] & n_mask[None, :])

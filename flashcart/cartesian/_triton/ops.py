@@ -40,7 +40,7 @@ from .common import tp_shapes as _tp_shapes
 from .common import walk_splits as _walk_splits
 from .double_backward import env_mode, fused_outputs
 from .double_backward import tp_dbwd as _tp_dbwd_op
-from .linear_kernel import default_tiles, grouped_matmul, linear_tiles
+from .linear_kernel import default_tiles, grouped_matmul, kernel_unit_axes, linear_tiles
 from .signatures import EXPANSION_FWD, EXPANSION_SECOND, EXPANSION_VJP, TP_BWD_CSR, TP_BWD_EDGE, TP_BWD_X1_CSR, TP_FWD, launch_kernel
 from .source import expansion_module, product_key, product_module
 from .weight_rows import _backward as _rows_sum_backward
@@ -635,6 +635,20 @@ def direction_expansion(u: Tensor, l_max: int) -> Tensor:
 LINEAR_TILES = linear_tiles()
 
 
+def _linear_unit_mode() -> bool:
+    """``FLASHCART_LINEAR_UNIT``: ``1`` (default) compiles the grouped matmul for each launch's
+    contiguous operand axes (``_linear_spec.unit_axes``: offsets without division, 16-byte
+    loads); ``0`` keeps the general addressing on every axis."""
+    raw = os.environ.get("FLASHCART_LINEAR_UNIT", "1").strip() or "1"
+    if raw not in ("0", "1"):
+        raise ValueError(f"environment variable FLASHCART_LINEAR_UNIT must be 0 or 1, got {raw!r}")
+    return raw == "1"
+
+
+# Read at import; benchmarks and tests assign the module attribute.
+LINEAR_UNIT = _linear_unit_mode()
+
+
 def _uses_dot(t: Tensor) -> bool:
     """Whether the grouped matmul multiplies with ``tl.dot`` (not for float64 on CUDA)."""
     return t.dtype != torch.float64 or not t.is_cuda
@@ -676,6 +690,8 @@ def _launch_grouped(a: Tensor, b: Tensor, c: Tensor, table: Tensor, key: str, ki
         SPLIT=split,
         PRECISION=t.precision,
     )
+    # passed in every launch (the pre-bound launcher and inductor read each constexpr by name)
+    values["UNIT"], values["ALIGN"] = kernel_unit_axes(key, kind, use_dot) if LINEAR_UNIT else (0, 1)
     launch_kernel(grouped_matmul, a, (tiles, split), values, options)
 
 
