@@ -244,7 +244,7 @@ def test_fused_kernels_compile_for_sm90():
     )
     assert run.returncode == 0, run.stderr[-3000:]
     lines = run.stdout.splitlines()
-    assert len(lines) == 10 and all("REG:" in line for line in lines), run.stdout
+    assert len(lines) == 12 and all("REG:" in line for line in lines), run.stdout
 
 
 # ---------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ def _variants(dbwd_only: bool):
     every = dict(
         HAS_GG1=True, HAS_GG2=True, HAS_GGW=True, NEED_GO=True, NEED_X2=True, NEED_W=True, RED_X2=True, SHARED_W=False, ROW_GROUPS=False
     )
+    training = {**every, "NEED_X2": False}
     out = []
     if not dbwd_only:
         out += [
@@ -89,6 +90,19 @@ def _variants(dbwd_only: bool):
             dict(CONV=True, NEED_X1=False, RED_X1=False, W_INDEX=True, W_ROWS=True, SPLITS=4, **every),
         ),
         ("dbwd", TP_DBWD_X1_CSR, "tp_dbwd_x1_csr, 4 splits", dict(HAS_GG2=True, HAS_GGW=True, RED_X1=False, SPLITS=4)),
+        (
+            # what a training step on forces runs (edge attributes carry no parameters: no d x2)
+            "dbwd",
+            TP_DBWD_ROW,
+            "tp_dbwd_row training (go+w), rows, 4 splits",
+            dict(CONV=True, NEED_X1=False, RED_X1=False, W_INDEX=True, W_ROWS=True, SPLITS=4, **training),
+        ),
+        (
+            "dbwd",
+            TP_DBWD_ROW,
+            "tp_dbwd_row training, rows, groups",
+            dict(CONV=True, NEED_X1=False, RED_X1=False, W_INDEX=True, W_ROWS=True, SPLITS=4, **{**training, "ROW_GROUPS": True}),
+        ),
     ]
     return out
 
