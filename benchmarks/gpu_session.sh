@@ -122,6 +122,7 @@
 #   stepgraph one GPU: the trainer's in-graph compiled step (reduce-overhead) against the eager gradients (about 4 minutes)
 #   stepgraphtiny one GPU: the same with the tiny model on ethanol (about 2 minutes)
 #   unitab   one GPU: FLASHCART_LINEAR_UNIT on and off: linear GPU parity, the maps, i3c3f64l2's force call (about 8 minutes)
+#   unittiles one GPU: linear-map tiles with more outputs per thread, now that the copies are 16 bytes (about 3 minutes)
 #   dbwdgroups one GPU: the trainer's step with the double backward's receiver pass per receiver or per output rank (about 9 minutes)
 #   profile2 one GPU: both models' compiled force call and in-graph training step, kernel by kernel (about 9 minutes)
 #   nextstep one GPU: reduce-overhead force call and in-graph training step in one process (about 7 minutes)
@@ -788,6 +789,14 @@ nextstep)
   timeout 420 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond --calls reduce-overhead \
     --training --setting pair --rounds 7 --calls-per-round 20 > "$out/calls_training.log" 2>&1
   ;;
+unittiles)
+  # with the contiguous axes (16-byte copies) the 64 x 64 x 16 tile's loop issues a shared-memory load per 2.7 FMAs:
+  # tiles with more outputs per thread (fewer warps or larger tiles) against the default, both models (about 3 minutes)
+  (cd benchmarks && for m in i3c3f64l2 i2c3f20l2r; do
+    timeout 120 python3 linear_tiles.py --model $m --tiles default 64x64x16x2x2 128x64x16x4x2 64x128x16x4x2 128x128x16x8x2 \
+      64x64x32x2x3 32x64x16x2x2 32x32x16x2x2 32x32x16x1x2
+  done) > "$out/linear_unit_tiles.log" 2>&1
+  ;;
 dbwdgroups)
   # the trainer's step (in-graph, reduce-overhead) with the double backward's receiver pass in one program per receiver
   # (default: 255 registers and 232 bytes of spills for sm_90 without d x2) against one per output rank (179, none)
@@ -813,7 +822,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, dbwdgroups, geomdump or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, geomdump or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done
