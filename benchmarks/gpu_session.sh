@@ -790,7 +790,7 @@ nextstep)
     --training --setting pair --rounds 7 --calls-per-round 20 > "$out/calls_training.log" 2>&1
   ;;
 unittiles)
-  # with the contiguous axes (16-byte copies) the 64 x 64 x 16 tile's loop issues a shared-memory load per 2.7 FMAs:
+  # with the contiguous axes (16-byte copies) the 64 x 64 x 16 tile's loop issues a shared-memory load per 3.3 FMAs (156 per 512, sm_90 PTX):
   # tiles with more outputs per thread (fewer warps or larger tiles) against the default, both models (about 3 minutes)
   (cd benchmarks && for m in i3c3f64l2 i2c3f20l2r; do
     timeout 120 python3 linear_tiles.py --model $m --tiles default 64x64x16x2x2 128x64x16x4x2 64x128x16x4x2 128x128x16x8x2 \
