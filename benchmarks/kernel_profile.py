@@ -21,6 +21,12 @@ kernels a CUDA graph replays)::
     python benchmarks/kernel_profile.py --device cuda --model i3c3f64l2 --repeat 5
     python benchmarks/kernel_profile.py --device cpu --model tiny --structure ethanol --repeat 1   # smoke test
     python benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --compile-mode default   # inductor's kernels
+    python benchmarks/kernel_profile.py --device cuda --compile-mode default --phases inference training-in-graph --lock /tmp/gpu.lock
+
+``training-in-graph`` (compiled only) is the trainer's step with ``predict_compile``
+(``Predictor.loss_and_grads``: padded, the parameter gradients inside the compiled graph);
+``training`` the prediction with ``create_graph`` and an outer backward. With ``--lock FILE``
+processes sharing one GPU compile side by side and take turns for the timed calls.
 
 On the CPU the tables show CPU time instead (no kernels, no roofline). ``--gemm-shapes`` also
 lists the matrix products (``aten::mm`` and friends, inductor's extern products of a compiled

@@ -418,8 +418,9 @@ class Predictor:
         ``loss.backward(inputs=parameters)``, except that nothing computes the loss's derivative with
         respect to the positions: a compiled prediction's backward returns a gradient for every
         input requiring grad, positions included (a Hessian-vector product through every block,
-        computed and dropped). On the H200 (i2c3f20l2r, 1000-atom diamond, compile mode
-        ``default``) the step took 11.5 ms this way against 22.6 ms (RESULTS.md).
+        computed and dropped). On the H200 (i2c3f20l2r, 1000-atom diamond) the step took 11.5 ms this
+        way against 22.6 ms with compile mode ``default``, and 7.77 ms against 8.58 ms with
+        ``reduce-overhead``, whose CUDA graphs remove most of the difference (RESULTS.md).
 
         ``loss_fn(pred, targets, atom_mask, graph_mask)`` sees padded tensors (static shapes, so
         batches of other sizes reuse the compiled graph): predictions ``energy [G']``,

@@ -273,7 +273,8 @@ def _train(cfg: dict[str, Any], progress: bool, ctx: Context) -> Path:
 
     # A compiled prediction computes the loss and the parameter gradients in one compiled function
     # (Predictor.loss_and_grads): its backward would otherwise also compute the loss's derivative
-    # with respect to the positions and drop it (on the H200 the step took half the time). With
+    # with respect to the positions and drop it (on the H200: 11.5 instead of 22.6 ms with compile
+    # mode default, 7.77 instead of 8.58 ms with reduce-overhead). With
     # several processes DistributedDataParallel averages the gradients in backward hooks, so the
     # loss is backpropagated outside as before.
     in_graph = predictor.compile and not ctx.distributed

@@ -8,6 +8,10 @@ thread, ``STACK``/``LOCAL`` bytes of spills)::
 
     python -m flashcart.cartesian._triton.compile_check --key 2,3,2,0,0 --dtype fp32 --block-f 64
 
+``--linear-tiles T ...`` compiles the linear maps' grouped matmul instead, with ``--linear-key``
+(``'3|3|64|64|4,6,7,6'``) and ``--linear-kind`` (0 forward, 1 input gradient, 2 weight gradient)
+as the launcher compiles that map's launch, its global loads counted by width.
+
 Run it without ``TRITON_INTERPRET`` (the interpreter replaces ``@triton.jit``).
 """
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -150,7 +155,7 @@ def linear_resource_usage(
     ``FLASHCART_LINEAR_TILES`` value in ``tiles``. With ``key`` (a linear map) it is compiled for
     that map's launch ``kind`` as the launcher compiles it (``_linear_spec.unit_axes``, operands
     16-byte aligned), and the line also counts the global loads by width in bytes
-    (``loads 16B:n 4B:m``: ``cp.async`` copies and plain loads of the operands)."""
+    (``loads 16B:n 8B:m ...``, see :func:`global_loads`)."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("compile_check needs TRITON_INTERPRET unset (the interpreter replaces @triton.jit)")
     import triton
@@ -206,10 +211,9 @@ def linear_resource_usage(
 
 
 def global_loads(ptx: str) -> dict[int, int]:
-    """``{bytes: count}`` of the global-memory reads in ``ptx`` (``cp.async`` copies into shared
-    memory and ``ld.global`` of floats), by width."""
-    import re
-
+    """``{bytes: count}`` of the global-memory reads in ``ptx`` by width: ``cp.async`` copies into
+    shared memory and plain ``ld.global`` loads (the grouped matmul's launch-table entries are
+    8-byte plain loads; its operand tiles are copied)."""
     counts: dict[int, int] = {}
     for m in re.finditer(r"cp\.async\.c[ag]\.shared\.global \[[^\]]*\], \[[^\]]*\], 0x([0-9a-f]+)", ptx):
         b = int(m.group(1), 16)
@@ -232,6 +236,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--linear-kind", type=int, default=0, choices=[0, 1, 2], help="forward, input gradient, weight gradient")
     args = parser.parse_args(argv)
+    if args.linear_key is not None:
+        from .._linear_spec import linear_spec
+
+        try:
+            linear_spec(args.linear_key)
+        except ValueError as exc:
+            parser.error(f"--linear-key {args.linear_key!r} is not a linear map key 'in_l|out_l|F_in|F_out|p0,p1,...': {exc}")
     if args.linear_tiles:
         for label, usage in linear_resource_usage(args.linear_tiles, args.dtype, key=args.linear_key, kind=args.linear_kind).items():
             print(f"linear {label:25s} {usage}")

@@ -173,9 +173,9 @@ def grouped_matmul(
     BK: tl.constexpr,
     USE_DOT: tl.constexpr,
     SPLIT: tl.constexpr,
+    UNIT: tl.constexpr,
+    ALIGN: tl.constexpr,
     PRECISION: tl.constexpr = "ieee",
-    UNIT: tl.constexpr = 0,
-    ALIGN: tl.constexpr = 1,
 ):
     pid = tl.cast(tl.program_id(0), tl.int64)
     split = tl.cast(tl.program_id(1), tl.int64)
