@@ -126,6 +126,7 @@
 #   dbwdgroups one GPU: the trainer's step with the double backward's receiver pass per receiver or per output rank (about 9 minutes)
 #   profile2 one GPU: both models' compiled force call and in-graph training step, kernel by kernel (about 9 minutes)
 #   nextstep one GPU: reduce-overhead force call and in-graph training step in one process (about 7 minutes)
+#   verify3  one GPU: the compiled model's and the linear maps' GPU parity after the review commit, then unittiles (about 8 minutes)
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -815,6 +816,15 @@ profile2)
   done
   wait
   ;;
+verify3)
+  # the next session's first call: the compiled model's GPU parity and the linear maps' GPU parity after the review
+  # commit (grouped_matmul's UNIT/ALIGN without defaults), then part unittiles (about 8 minutes)
+  gpu_tests 0 tests/model:140 "tests/cartesian/test_triton_parity.py -k linear:110" > "$out/tests.log" 2>&1
+  (cd benchmarks && for m in i3c3f64l2 i2c3f20l2r; do
+    timeout 110 python3 linear_tiles.py --model $m --tiles default 64x64x16x2x2 128x64x16x4x2 64x128x16x4x2 \
+      64x64x32x2x3 32x64x16x2x2 32x32x16x2x2 32x32x16x1x2
+  done) > "$out/linear_unit_tiles.log" 2>&1
+  ;;
 geomdump)
   geomdump 200
   ;;
@@ -822,7 +832,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, geomdump or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, geomdump or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done
