@@ -3,10 +3,12 @@
 The trainer compiles the prediction (energy and forces with ``create_graph``) and then calls
 ``loss.backward(inputs=parameters)``. AOTAutograd's compiled backward returns a gradient for
 every input that requires grad, the positions included: the loss's derivative with respect to
-the positions (a Hessian-vector product through every block) is computed and thrown away. In
-eager mode the Triton ops skip it (``ops._engine_needs`` asks the autograd engine); the compiled
-backward cannot. On this CPU, for the export tests' tiny model, that part is 15 % of the
-backward graph's operations (1,604 against 1,367 nodes).
+the positions (a Hessian-vector product through every block) is computed and thrown away. The
+Triton ops skip what a backward pass does not reach (``ops._engine_needs`` asks the autograd
+engine), in eager mode and for ``autograd.grad`` calls traced inside a compiled function; the
+outer backward's compiled graph cannot, since AOTAutograd asks it for every input. On this
+CPU, for the export tests' tiny model, that part is 15 % of the backward graph's operations
+(1,604 against 1,367 nodes).
 
 ``torch.func.grad`` would leave the positions without ``requires_grad`` at the graph's boundary,
 but it cannot trace FlashCart's custom ops (torch 2.13: "Dynamo failed to run FX node with fake

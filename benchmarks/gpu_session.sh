@@ -127,6 +127,7 @@
 #   profile2 one GPU: both models' compiled force call and in-graph training step, kernel by kernel (about 9 minutes)
 #   nextstep one GPU: reduce-overhead force call and in-graph training step in one process (about 7 minutes)
 #   verify3  one GPU: the compiled model's and the linear maps' GPU parity after the review commit, then unittiles (about 8 minutes)
+#   engineneeds one GPU: compiled backward passes narrowed by the engine: parity, force call and training step (about 8 minutes)
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -825,6 +826,15 @@ verify3)
       64x64x32x2x3 32x64x16x2x2 32x32x16x2x2 32x32x16x1x2
   done) > "$out/linear_unit_tiles.log" 2>&1
   ;;
+engineneeds)
+  # compiled backward passes ask the autograd engine which results they reach (as eager ones did): GPU parity of the
+  # fused double backward and of a compiled training step against eager, then i2c3f20l2r's reduce-overhead force call
+  # and the trainer's in-graph step per pair in one process, inductor's caches off (about 8 minutes)
+  gpu_tests 0 "tests/cartesian/test_fused_double_backward.py tests/nn/test_edge_pairs.py::test_compiled_training_with_pairs_on_gpu:200" \
+    > "$out/tests.log" 2>&1
+  TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 timeout 330 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond \
+    --calls reduce-overhead --training --setting pair --rounds 7 --calls-per-round 20 > "$out/calls_training.log" 2>&1
+  ;;
 geomdump)
   geomdump 200
   ;;
@@ -832,7 +842,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, geomdump or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, geomdump or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

@@ -361,6 +361,59 @@ def test_results_the_backward_pass_does_not_reach_are_not_computed(fused):
 
 
 @needs_triton
+def test_compiled_training_step_asks_for_what_the_eager_one_does(fused, monkeypatch):
+    """A training step inside torch.compile (aot_eager, autograd.grad traced): forces by
+    ``autograd.grad(E, pos, create_graph=True)``, then the loss's parameter gradients. Traced,
+    the engine answers as in eager mode: the force pass's backward skips d x1 (x1 depends on
+    parameters only), the parameter pass's double backward skips d x2 (positions only), and the
+    op's absent outputs alias nothing (the custom op checks it when traced); the gradients equal
+    the eager ones."""
+    import torch._dynamo.config as dynamo_config
+
+    dbwd_calls = fused(True)
+    bwd_calls = []
+    real_bwd = ops.tp_bwd
+
+    def spy(*args):
+        bwd_calls.append(args[-3:])
+        return real_bwd(*args)
+
+    spy.op = real_bwd.op
+    monkeypatch.setattr(ops, "tp_bwd", spy)
+    case = CASES["conv-bcast-x2"]
+    tp, graph, (x1, x2, w), rand = _problem(case)
+    csr = edge_csr(*graph, x1.shape[0])
+    target = rand(*x2.shape)
+
+    def step(p1, pos, p2):
+        out = tp(p1 * 1.5, pos * pos, p2 * pos[:, :1], *graph, csr)  # w as a radial MLP's: both
+        (forces,) = torch.autograd.grad(-out.sum(), [pos], create_graph=True)
+        loss = out.sum() ** 2 + ((forces - target) ** 2).sum()
+        return loss.detach(), torch.autograd.grad(loss, [p1, p2])
+
+    torch._dynamo.reset()
+    results, flags = [], []
+    for compiled in (False, True):
+        bwd_calls.clear()
+        n = len(dbwd_calls)
+        leaves = _leaves([x1, x2, w])
+        if compiled:
+            with dynamo_config.patch(trace_autograd_ops=True):
+                results.append(torch.compile(step, backend="aot_eager", fullgraph=True)(*leaves))
+        else:
+            results.append(step(*leaves))
+        flags.append((sorted(set(bwd_calls)), sorted({c[-4:] for c in dbwd_calls[n:]})))
+    torch._dynamo.reset()
+    assert flags[1] == flags[0], "compiled and eager steps ask the kernels for different results"
+    # force pass: d x2 and d w only; parameter pass: the energy term's d x1 and d w, the force
+    # term's double backward d x1 and d w (go carries no parameter)
+    assert flags[0] == ([(False, True, True), (True, False, True)], [(False, True, False, True)])
+    assert_close(results[1][0], results[0][0], 1e-12, "loss")
+    for a, b in zip(results[0][1], results[1][1]):
+        assert_close(b, a, 1e-12, "compiled vs eager parameter gradients")
+
+
+@needs_triton
 @pytest.mark.parametrize("name", ["conv-bcast-x2", "conv-bcast-x1-shared", "conv-two-blocks"])
 def test_split_and_grouped_row_passes_give_the_same_results(name, monkeypatch):
     """SPLIT_ROW_PASS (d go in a receiver pass of its own) and ROW_GROUPS (paths split by

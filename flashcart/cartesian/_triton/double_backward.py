@@ -127,14 +127,14 @@ def tp_dbwd(
     programs = x1.shape[0] if conv else x2.shape[0]
     splits = walk_splits(conv, double_backward=True)  # programs per node: per-node results are partial sums per split
     c1, c2 = spec.in1_comps, spec.in2_comps
-    empty = x2.new_empty(0)
-    d_go = go.new_empty(splits * go.shape[0], go.shape[1]) if c_go else empty
-    d_x1 = torch.empty(splits * x1.shape[0], c1 * (n_blocks if red1 else F), dtype=dt, device=dev) if c_x1 else empty
+    # an absent output is an empty tensor of its own (custom-op outputs must not alias each other)
+    d_go = go.new_empty(splits * go.shape[0], go.shape[1]) if c_go else x2.new_empty(0)
+    d_x1 = torch.empty(splits * x1.shape[0], c1 * (n_blocks if red1 else F), dtype=dt, device=dev) if c_x1 else x2.new_empty(0)
     module = double_backward_module(key)
     groups = module.N_ROW_GROUPS if ROW_GROUPS and conv else 1
-    d_x2 = torch.empty(x2.shape[0], groups * c2 * (n_blocks if red2 else F), dtype=dt, device=dev) if c_x2 else empty
+    d_x2 = torch.empty(x2.shape[0], groups * c2 * (n_blocks if red2 else F), dtype=dt, device=dev) if c_x2 else x2.new_empty(0)
     if not c_w:
-        d_w = empty
+        d_w = x2.new_empty(0)
     elif in_rows:  # each listed edge's term is added into its row
         d_w = torch.zeros(w.shape, dtype=dt, device=dev)
     else:

@@ -385,33 +385,37 @@ def _edge_cotangent(ggw: Tensor, graph) -> Tensor:
     return torch.where(listed_edges(wrows, widx).unsqueeze(-1), ggw.index_select(0, widx), 0)
 
 
-_AccumulateGrad = torch._C._functions.AccumulateGrad
-
-
-def _engine_needs(ctx, first: Tensor, n: int) -> list[bool]:
+def _engine_needs(ctx, n: int) -> list[bool]:
     """``ctx.needs_input_grad[:n]`` narrowed to the inputs this backward pass reaches.
 
     ``needs_input_grad`` says which inputs require grad when the graph was built; the engine
     knows which of them lead to a requested result now: forces (``autograd.grad(E, pos)``)
     never reach the parameters behind a first layer's node features, and a training step's
-    ``backward(inputs=parameters)`` never reaches the positions. Eager mode only; leaf inputs
-    count as needed (the engine cannot answer for them under ``autograd.grad``, and its error
-    would cost more than the question saves: a query costs well under a microsecond).
+    ``backward(inputs=parameters)`` never reaches the positions. Inputs whose node has no
+    inputs of its own count as needed: leaves (the engine cannot answer for them under
+    ``autograd.grad``, and its error would cost more than the question saves: a query costs
+    well under a microsecond) and the placeholder nodes of a traced graph's inputs.
+
+    The same holds while ``torch.compile`` or ``torch.export`` traces a backward pass: the
+    engine runs it on fake tensors and the answers are fixed in the graph, which is what a
+    compiled training step needs (the force pass then skips the parameters' terms, the
+    parameter pass the positions'). Under functorch transforms (``torch.func``) every input
+    that requires grad counts.
     """
     need = list(ctx.needs_input_grad[:n])
-    if not _eager_ok(first):
+    if torch._C._are_functorch_transforms_active():
         return need
     edges = ctx.next_functions  # one per tensor input; the first n inputs are tensors
     for i in range(n):
         node = edges[i][0]
-        if need[i] and node is not None and not isinstance(node, _AccumulateGrad):
+        if need[i] and node is not None and node.next_functions:
             need[i] = torch._C._will_engine_execute_node(node)
     return need
 
 
 def _tp_backward(ctx, go):
     x1, x2, w, *graph = ctx.saved_tensors
-    need = _engine_needs(ctx, go, 3)
+    need = _engine_needs(ctx, 3)
     grads = [None] * (4 + _GRAPH)
     if any(need[:3]):
         g1, g2, gw = tp_bwd(go, x1, x2, w, *graph, ctx.key, need[0], need[1], need[2])
@@ -463,7 +467,7 @@ def _tp_bwd_backward(ctx, gg1, gg2, ggw):
     gg1 = gg1 if n1 and _present(gg1) else None
     gg2 = gg2 if n2 and _present(gg2) else None
     ggw = ggw if nw and _present(ggw) else None
-    need = _engine_needs(ctx, go, 4)
+    need = _engine_needs(ctx, 4)
     if FUSED_DOUBLE_BACKWARD and not _recorded(go, x1, x2, w, gg1, gg2, ggw):
         flags = fused_outputs(gg1 is not None, gg2 is not None, ggw is not None, tuple(need[:4]))
         outs = list(tp_dbwd(go, x1, x2, w, gg1, gg2, ggw, *graph, key, *need[:4]))
@@ -828,7 +832,7 @@ def _lin_fwd_setup(ctx, inputs, output):
 
 def _lin_fwd_backward(ctx, gy):
     x, w, table = ctx.saved_tensors
-    need = ctx.needs_input_grad
+    need = _engine_needs(ctx, 2)
     return (lin_bwd_x(gy, w, table, ctx.key) if need[0] else None, lin_bwd_w(gy, x, table, ctx.key) if need[1] else None, None, None)
 
 
@@ -841,7 +845,7 @@ def _lin_bx_setup(ctx, inputs, output):
 def _lin_bx_backward(ctx, g):
     # <g, gy @ W>: d gy = g @ W^T (lin_fwd), d W = lin_bwd_w(gy, g)
     gy, w, table = ctx.saved_tensors
-    need = ctx.needs_input_grad
+    need = _engine_needs(ctx, 2)
     return (lin_fwd(g, w, table, ctx.key) if need[0] else None, lin_bwd_w(gy, g, table, ctx.key) if need[1] else None, None, None)
 
 
@@ -854,7 +858,7 @@ def _lin_bw_setup(ctx, inputs, output):
 def _lin_bw_backward(ctx, g):
     # <g, gy^T x>: d gy = x @ g^T (lin_fwd(x, g)), d x = gy @ g (lin_bwd_x(gy, g))
     gy, x, table = ctx.saved_tensors
-    need = ctx.needs_input_grad
+    need = _engine_needs(ctx, 2)
     return (lin_fwd(x, g, table, ctx.key) if need[0] else None, lin_bwd_x(gy, g, table, ctx.key) if need[1] else None, None, None)
 
 
