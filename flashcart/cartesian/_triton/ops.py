@@ -403,7 +403,8 @@ def _engine_needs(ctx, n: int) -> list[bool]:
     that requires grad counts.
     """
     need = list(ctx.needs_input_grad[:n])
-    if torch._C._are_functorch_transforms_active():
+    # one input requiring grad: the engine runs this node only for it (an MD step's every call)
+    if sum(need) < 2 or torch._C._are_functorch_transforms_active():
         return need
     edges = ctx.next_functions  # one per tensor input; the first n inputs are tensors
     for i in range(n):
