@@ -128,6 +128,8 @@
 #   nextstep one GPU: reduce-overhead force call and in-graph training step in one process (about 7 minutes)
 #   verify3  one GPU: the compiled model's and the linear maps' GPU parity after the review commit, then unittiles (about 8 minutes)
 #   engineneeds one GPU: compiled backward passes narrowed by the engine: parity, force call and training step (about 8 minutes)
+#   ncu      one GPU: hardware counters per kernel (ncu) of the compiled force call and training step (about 9 minutes)
+#   ncu2     one GPU: part ncu's training step and i3c3f64l2 force call, products, linear maps and GEMMs only (about 6 minutes)
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -817,6 +819,43 @@ profile2)
   done
   wait
   ;;
+ncu)
+  # issue 14 item 1 with hardware counters: ncu on i2c3f20l2r's compiled force call and training step and i3c3f64l2's
+  # force call (DRAM bytes, FP32 FMAs, throughput per kernel: benchmarks/ncu_call.py); first, holding the GPU lock
+  # that the profiled calls take, the fifth fused double backward GPU parity case (cut at its limit last time)
+  ( exec 9>>/tmp/profile.lock; flock 9
+    gpu_tests 0 "tests/cartesian/test_fused_double_backward.py::test_fused_double_backward_parity_on_gpu:200" ) > "$out/tests.log" 2>&1 &
+  sleep 3
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
+  M=$(python3 benchmarks/ncu_call.py --print-metrics)
+  for run in "i2c3f20l2r inference" "i2c3f20l2r training-in-graph" "i3c3f64l2 inference"; do
+    set -- $run
+    timeout 540 "$NCU" --profile-from-start off --clock-control none --target-processes application-only --metrics "$M" \
+      --csv --page raw --log-file "/tmp/ncu_$1_$2.csv" python3 benchmarks/ncu_call.py --model $1 --phase $2 --lock /tmp/profile.lock \
+      > "$out/call_$1_$2.log" 2>&1 &
+  done
+  wait
+  for f in /tmp/ncu_*.csv; do
+    python3 benchmarks/ncu_call.py --summarize "$f" --rows 40 || tail -5 "$f"
+  done > "$out/ncu_summary.log" 2>&1
+  tar czf "$out/ncu_csv.tgz" -C /tmp $(cd /tmp && ls ncu_*.csv)
+  ;;
+ncu2)
+  # the rest of part ncu in a short call: the training step's products, linear maps and GEMMs only (ncu --kernel-name),
+  # and i3c3f64l2's force call the same way; the summaries before the call's limit
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
+  M=$(python3 benchmarks/ncu_call.py --print-metrics)
+  for run in "i2c3f20l2r training-in-graph" "i3c3f64l2 inference"; do
+    set -- $run
+    timeout 320 "$NCU" --profile-from-start off --clock-control none --target-processes application-only --metrics "$M" \
+      --kernel-name "regex:tp_|gemm|grouped_matmul|splitK" --csv --page raw --log-file "/tmp/ncu_$1_$2.csv" \
+      python3 benchmarks/ncu_call.py --model $1 --phase $2 --lock /tmp/profile.lock > "$out/call_$1_$2.log" 2>&1 &
+  done
+  wait
+  for f in /tmp/ncu_*.csv; do
+    python3 benchmarks/ncu_call.py --summarize "$f" --rows 40 || tail -5 "$f"
+  done > "$out/ncu_summary.log" 2>&1
+  ;;
 verify3)
   # the next session's first call: the compiled model's GPU parity and the linear maps' GPU parity after the review
   # commit (grouped_matmul's UNIT/ALIGN without defaults), then part unittiles (about 8 minutes)
@@ -842,7 +881,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, geomdump or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, geomdump or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

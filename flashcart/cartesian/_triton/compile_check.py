@@ -112,7 +112,7 @@ def _variants(dbwd_only: bool):
     return out
 
 
-def resource_usage(key: str, dtype: str = "fp32", block_f: int = 64, dbwd_only: bool = False) -> dict[str, str]:
+def resource_usage(key: str, dtype: str = "fp32", block_f: int = 64, dbwd_only: bool = False, maxnreg: int | None = None) -> dict[str, str]:
     """``{kernel variant: cuobjdump resource-usage line}`` for sm_90 (H100/H200).
 
     ``key``: product configuration ``"l1,l2,lout,symmetric,reduce"``; ``dtype``: ``fp32`` or
@@ -138,7 +138,8 @@ def resource_usage(key: str, dtype: str = "fp32", block_f: int = 64, dbwd_only: 
         signature |= {c: "constexpr" for c in sig.constexprs}
         constexprs = {**({"SPLITS": 1} if "SPLITS" in sig.constexprs else {}), **flags, "BLOCK_F": block_f, "DT": dts[dtype]}
         src = ASTSource(fn=getattr(modules[which], sig.name), signature=signature, constexprs=constexprs)
-        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=max(1, block_f // 32)))
+        options = dict(num_warps=max(1, block_f // 32)) | ({} if maxnreg is None else {"maxnreg": maxnreg})
+        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
         with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
             fh.write(kernel.asm["cubin"])
             fh.flush()
@@ -230,6 +231,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "fp64"])
     parser.add_argument("--block-f", type=int, default=64)
     parser.add_argument("--dbwd-only", action="store_true", help="only the fused double-backward kernels")
+    parser.add_argument("--maxnreg", type=int, default=None, help="register cap per thread (Triton's maxnreg option)")
     parser.add_argument("--linear-tiles", nargs="+", help="compile the grouped matmul with these FLASHCART_LINEAR_TILES values instead")
     parser.add_argument(
         "--linear-key", default=None, help="with --linear-tiles: compile for this map's contiguous axes (e.g. '3|3|64|64|4,6,7,6')"
@@ -247,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
         for label, usage in linear_resource_usage(args.linear_tiles, args.dtype, key=args.linear_key, kind=args.linear_kind).items():
             print(f"linear {label:25s} {usage}")
         return
-    for label, usage in resource_usage(args.key, args.dtype, args.block_f, args.dbwd_only).items():
+    for label, usage in resource_usage(args.key, args.dtype, args.block_f, args.dbwd_only, args.maxnreg).items():
         print(f"{label:32s} {usage}")
 
 
