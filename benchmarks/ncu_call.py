@@ -110,6 +110,8 @@ def profile_call(args) -> None:
 
     from benchmarks.kernel_profile import _exclusive, build, calls, model_arguments  # noqa: F401
 
+    if args.device != "cuda" or not torch.cuda.is_available():
+        raise SystemExit("ncu_call.py profiles CUDA kernels: it needs --device cuda and a GPU (--summarize needs neither)")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     device = torch.device(args.device)
