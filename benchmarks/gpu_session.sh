@@ -836,7 +836,7 @@ ncu)
   done
   wait
   for f in /tmp/ncu_*.csv; do
-    python3 benchmarks/ncu_call.py --summarize "$f" --rows 40 || tail -5 "$f"
+    python3 benchmarks/ncu_call.py --summarize "$f" --rows 40 --detail '^tp_' || tail -5 "$f"
   done > "$out/ncu_summary.log" 2>&1
   tar czf "$out/ncu_csv.tgz" -C /tmp $(cd /tmp && ls ncu_*.csv)
   ;;
@@ -853,8 +853,9 @@ ncu2)
   done
   wait
   for f in /tmp/ncu_*.csv; do
-    python3 benchmarks/ncu_call.py --summarize "$f" --rows 40 || tail -5 "$f"
+    python3 benchmarks/ncu_call.py --summarize "$f" --rows 40 --detail '^tp_' || tail -5 "$f"
   done > "$out/ncu_summary.log" 2>&1
+  tar czf "$out/ncu_csv.tgz" -C /tmp $(cd /tmp && ls ncu_*.csv)
   ;;
 verify3)
   # the next session's first call: the compiled model's GPU parity and the linear maps' GPU parity after the review

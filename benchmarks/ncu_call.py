@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import collections
 import csv
+import re
 import sys
 from pathlib import Path
 
@@ -53,8 +54,10 @@ def _value(text: str, unit: str) -> float:
     return float(text) * _SCALE.get(unit.strip(), 1)
 
 
-def summarize(path: Path, bandwidth: float, rows: int) -> None:
-    """Print the per-kernel table of one ``ncu --csv --page raw`` log."""
+def summarize(path: Path, bandwidth: float, rows: int, detail: str | None = None) -> None:
+    """Print the per-kernel table of one ``ncu --csv --page raw`` log; with ``detail`` (a regular
+    expression) also every launch of the kernels whose names match it, in launch order: duration,
+    DRAM bytes, registers per thread, grid and block (which variant of a kernel ran where)."""
     lines = path.read_text().splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
     if start is None:
@@ -68,6 +71,7 @@ def summarize(path: Path, bandwidth: float, rows: int) -> None:
         raise SystemExit(f"{path}: metrics missing from the ncu log: {', '.join(missing)}")
     name_col = col["Kernel Name"]
     groups: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    launches = []
     for row in reader:
         if len(row) != len(header):
             continue
@@ -76,6 +80,9 @@ def summarize(path: Path, bandwidth: float, rows: int) -> None:
         g["launches"] += 1
         values = {m: _value(row[col[m]], units[col[m]]) for m in METRICS}
         ns = values["gpu__time_duration.sum"]
+        if detail is not None and re.search(detail, name):
+            shape = " ".join(f"{k.split()[0].lower()} {row[col[k]]}" for k in ("Grid Size", "Block Size") if k in col)
+            launches.append((name, ns, values, shape))
         g["ns"] += ns
         g["dram"] += values["dram__bytes_read.sum"] + values["dram__bytes_write.sum"]
         g["flop"] += 2 * values["smsp__sass_thread_inst_executed_op_ffma_pred_on.sum"]
@@ -102,6 +109,11 @@ def summarize(path: Path, bandwidth: float, rows: int) -> None:
             f"{100 * gbs * 1e9 / bandwidth:>5.1f}% {g['flop'] / 1e9:>7.3f} {g['flop'] / ns / 1e3:>7.2f} "
             f"{g['sm_ns'] / ns:>4.0f} {g['mem_ns'] / ns:>4.0f} {g['regs']:>4.0f}"
         )
+    if detail is not None:
+        print(f"[launches] matching {detail!r}, in launch order")
+        for name, ns, v, shape in launches:
+            dram = v["dram__bytes_read.sum"] + v["dram__bytes_write.sum"]
+            print(f"{name:<40} {ns / 1e6:>7.3f} ms {dram / 1e6:>8.1f} MB {v['launch__registers_per_thread']:>4.0f} regs  {shape}")
 
 
 def profile_call(args) -> None:
@@ -140,6 +152,7 @@ def main() -> None:
     parser.add_argument("--summarize", type=Path, default=None, metavar="CSV", help="summarise an ncu --csv --page raw log")
     parser.add_argument("--bandwidth", type=float, default=4.26e12, help="copy roofline in bytes/s (the profiler's [setup] line)")
     parser.add_argument("--rows", type=int, default=30)
+    parser.add_argument("--detail", default=None, metavar="REGEX", help="with --summarize: also each launch of the matching kernels")
     parser.add_argument("--phase", default="inference", choices=["inference", "training-in-graph"])
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--lock", default=None, metavar="FILE", help="take turns with other processes on this GPU")
@@ -151,7 +164,7 @@ def main() -> None:
     if args.print_metrics:
         print(",".join(METRICS))
     elif args.summarize is not None:
-        summarize(args.summarize, args.bandwidth, args.rows)
+        summarize(args.summarize, args.bandwidth, args.rows, args.detail)
     else:
         profile_call(args)
 

@@ -13,11 +13,13 @@ from benchmarks.ncu_call import METRICS, summarize  # noqa: E402
 
 
 def _log(path: Path, rows: list[tuple[str, dict[str, str]]], units: dict[str, str]) -> None:
-    head = ["ID", "Process ID", "Process Name", "Kernel Name", *METRICS]
+    head = ["ID", "Process ID", "Process Name", "Kernel Name", "Block Size", "Grid Size", *METRICS]
     lines = ["==PROF== Connected to process 1 (python3)", ",".join(f'"{h}"' for h in head)]
     lines.append(",".join(f'"{units.get(h, "")}"' for h in head))
     for i, (name, values) in enumerate(rows):
-        lines.append(",".join(f'"{v}"' for v in [i, 1, "python3", name, *(values[m] for m in METRICS)]))
+        lines.append(
+            ",".join(f'"{v}"' for v in [i, 1, "python3", name, "(32, 1, 1)", f"({1000 + i}, 1, 1)", *(values[m] for m in METRICS)])
+        )
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -52,6 +54,24 @@ def test_summary_groups_kernels_and_scales_units(tmp_path, capsys):
     # SM and memory throughput weighted by duration: (100*40 + 300*60) / 400 = 55, (100*30 + 300*50) / 400 = 45
     assert f[1:] == ["2", "0.400", "80.0%", "600.0", "1500", "37.5%", "6.000", "15.00", "55", "45", "255"]
     assert next(line for line in out if line.startswith("at::native::elementwise")).split()[1] == "1"
+
+
+def test_summary_lists_the_launches_asked_for(tmp_path, capsys):
+    units = {"gpu__time_duration.sum": "nsecond", "dram__bytes_read.sum": "byte", "dram__bytes_write.sum": "byte"}
+    rows = [
+        ("tp_fwd(float*)", _values(1000, 2e6, 0, 0, 1, 1, 168)),
+        ("gemm", _values(1000, 0, 0, 0, 1, 1, 80)),
+        ("tp_fwd(float*)", _values(3000, 0, 1e6, 0, 1, 1, 254)),
+    ]
+    log = tmp_path / "ncu.csv"
+    _log(log, rows, units)
+    summarize(log, bandwidth=4e12, rows=10, detail="^tp_")
+    out = capsys.readouterr().out.splitlines()
+    i = out.index("[launches] matching '^tp_', in launch order")
+    assert [line.split() for line in out[i + 1 :]] == [
+        ["tp_fwd", "0.001", "ms", "2.0", "MB", "168", "regs", "grid", "(1000,", "1,", "1)", "block", "(32,", "1,", "1)"],
+        ["tp_fwd", "0.003", "ms", "1.0", "MB", "254", "regs", "grid", "(1002,", "1,", "1)", "block", "(32,", "1,", "1)"],
+    ]
 
 
 def test_summary_of_a_log_without_a_table_names_the_file(tmp_path):
