@@ -130,6 +130,7 @@
 #   engineneeds one GPU: compiled backward passes narrowed by the engine: parity, force call and training step (about 8 minutes)
 #   ncu      one GPU: hardware counters per kernel (ncu) of the compiled force call and training step (about 9 minutes)
 #   ncu2     one GPU: part ncu's training step and i3c3f64l2 force call, products, linear maps and GEMMs only (about 6 minutes)
+#   ncu3     one GPU: i2c3f20l2r's force call, each product launch under ncu (about 2 minutes)
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -857,6 +858,16 @@ ncu2)
   done > "$out/ncu_summary.log" 2>&1
   tar czf "$out/ncu_csv.tgz" -C /tmp $(cd /tmp && ls ncu_*.csv)
   ;;
+ncu3)
+  # the shortest ncu call: i2c3f20l2r's compiled force call, the products' launches one by one (registers, grid,
+  # bytes: which variant of each kernel runs where; about 2 minutes)
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
+  timeout 150 "$NCU" --profile-from-start off --clock-control none --target-processes application-only \
+    --metrics "$(python3 benchmarks/ncu_call.py --print-metrics)" --kernel-name "regex:tp_|expansion" --csv --page raw \
+    --log-file /tmp/ncu_i2_tp.csv python3 benchmarks/ncu_call.py --model i2c3f20l2r --phase inference --warmup 1 > "$out/call.log" 2>&1
+  python3 benchmarks/ncu_call.py --summarize /tmp/ncu_i2_tp.csv --detail . > "$out/ncu_summary.log" 2>&1
+  cp /tmp/ncu_i2_tp.csv "$out/"
+  ;;
 verify3)
   # the next session's first call: the compiled model's GPU parity and the linear maps' GPU parity after the review
   # commit (grouped_matmul's UNIT/ALIGN without defaults), then part unittiles (about 8 minutes)
@@ -882,7 +893,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, geomdump or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, geomdump or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done
