@@ -160,6 +160,25 @@ gpu_tests() {  # GPU index, then PATHS:SECONDS items (PATHS: space-separated pat
   done
 }
 
+ncu_calls() {  # SECONDS KERNEL_FILTER ("": every kernel) "MODEL PHASE"...: each call under ncu (benchmarks/ncu_call.py;
+  # compiles side by side, profiles in turn), then the summaries with each product launch listed, and the CSVs
+  local t=$1 filter=$2; shift 2
+  local ncu_bin metrics
+  ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
+  metrics=$(python3 benchmarks/ncu_call.py --print-metrics)
+  for run in "$@"; do
+    set -- $run
+    timeout "$t" "$ncu_bin" --profile-from-start off --clock-control none --target-processes application-only \
+      --metrics "$metrics" ${filter:+--kernel-name "$filter"} --csv --page raw --log-file "/tmp/ncu_$1_$2.csv" \
+      python3 benchmarks/ncu_call.py --model "$1" --phase "$2" --lock /tmp/profile.lock > "$out/call_$1_$2.log" 2>&1 &
+  done
+  wait
+  for f in /tmp/ncu_*.csv; do
+    python3 benchmarks/ncu_call.py --summarize "$f" --rows 40 --detail '^tp_' || tail -5 "$f"
+  done > "$out/ncu_summary.log" 2>&1
+  tar czf "$out/ncu_csv.tgz" -C /tmp $(cd /tmp && ls ncu_*.csv)
+}
+
 profile_run() {  # MODEL (S or L) MODE (eager or a compile mode) PHASE SECONDS: the profiler on the diamond cell
   eval "opts=\$$1"
   extra="profile_phase=$3 profile_row_limit=1"
@@ -827,46 +846,17 @@ ncu)
   ( exec 9>>/tmp/profile.lock; flock 9
     gpu_tests 0 "tests/cartesian/test_fused_double_backward.py::test_fused_double_backward_parity_on_gpu:200" ) > "$out/tests.log" 2>&1 &
   sleep 3
-  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
-  M=$(python3 benchmarks/ncu_call.py --print-metrics)
-  for run in "i2c3f20l2r inference" "i2c3f20l2r training-in-graph" "i3c3f64l2 inference"; do
-    set -- $run
-    timeout 540 "$NCU" --profile-from-start off --clock-control none --target-processes application-only --metrics "$M" \
-      --csv --page raw --log-file "/tmp/ncu_$1_$2.csv" python3 benchmarks/ncu_call.py --model $1 --phase $2 --lock /tmp/profile.lock \
-      > "$out/call_$1_$2.log" 2>&1 &
-  done
-  wait
-  for f in /tmp/ncu_*.csv; do
-    python3 benchmarks/ncu_call.py --summarize "$f" --rows 40 --detail '^tp_' || tail -5 "$f"
-  done > "$out/ncu_summary.log" 2>&1
-  tar czf "$out/ncu_csv.tgz" -C /tmp $(cd /tmp && ls ncu_*.csv)
+  ncu_calls 540 "" "i2c3f20l2r inference" "i2c3f20l2r training-in-graph" "i3c3f64l2 inference"
   ;;
 ncu2)
   # the rest of part ncu in a short call: the training step's products, linear maps and GEMMs only (ncu --kernel-name),
   # and i3c3f64l2's force call the same way; the summaries before the call's limit
-  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
-  M=$(python3 benchmarks/ncu_call.py --print-metrics)
-  for run in "i2c3f20l2r training-in-graph" "i3c3f64l2 inference"; do
-    set -- $run
-    timeout 320 "$NCU" --profile-from-start off --clock-control none --target-processes application-only --metrics "$M" \
-      --kernel-name "regex:tp_|gemm|grouped_matmul|splitK" --csv --page raw --log-file "/tmp/ncu_$1_$2.csv" \
-      python3 benchmarks/ncu_call.py --model $1 --phase $2 --lock /tmp/profile.lock > "$out/call_$1_$2.log" 2>&1 &
-  done
-  wait
-  for f in /tmp/ncu_*.csv; do
-    python3 benchmarks/ncu_call.py --summarize "$f" --rows 40 --detail '^tp_' || tail -5 "$f"
-  done > "$out/ncu_summary.log" 2>&1
-  tar czf "$out/ncu_csv.tgz" -C /tmp $(cd /tmp && ls ncu_*.csv)
+  ncu_calls 320 "regex:tp_|gemm|grouped_matmul|splitK" "i2c3f20l2r training-in-graph" "i3c3f64l2 inference"
   ;;
 ncu3)
   # the shortest ncu call: i2c3f20l2r's compiled force call, the products' launches one by one (registers, grid,
   # bytes: which variant of each kernel runs where; about 2 minutes)
-  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
-  timeout 150 "$NCU" --profile-from-start off --clock-control none --target-processes application-only \
-    --metrics "$(python3 benchmarks/ncu_call.py --print-metrics)" --kernel-name "regex:tp_|expansion" --csv --page raw \
-    --log-file /tmp/ncu_i2_tp.csv python3 benchmarks/ncu_call.py --model i2c3f20l2r --phase inference --warmup 1 > "$out/call.log" 2>&1
-  python3 benchmarks/ncu_call.py --summarize /tmp/ncu_i2_tp.csv --detail . > "$out/ncu_summary.log" 2>&1
-  cp /tmp/ncu_i2_tp.csv "$out/"
+  ncu_calls 150 "regex:tp_|expansion" "i2c3f20l2r inference"
   ;;
 verify3)
   # the next session's first call: the compiled model's GPU parity and the linear maps' GPU parity after the review
