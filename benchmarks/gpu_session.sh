@@ -131,6 +131,8 @@
 #   ncu      one GPU: hardware counters per kernel (ncu) of the compiled force call and training step (about 9 minutes)
 #   ncu2     one GPU: part ncu's training step and i3c3f64l2 force call, products, linear maps and GEMMs only (about 6 minutes)
 #   ncu3     one GPU: i2c3f20l2r's force call, each product launch under ncu (about 2 minutes)
+#   splitsauto one GPU: FLASHCART_TP_SPLITS=auto: parity, the products under ncu, force call and step against 1 (about 9 minutes)
+#   splitsautotrain one GPU: the trainer's step with FLASHCART_TP_SPLITS 1 and auto (about 9 minutes)
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -177,6 +179,15 @@ ncu_calls() {  # SECONDS KERNEL_FILTER ("": every kernel) "MODEL PHASE"...: each
     python3 benchmarks/ncu_call.py --summarize "$f" --rows 40 --detail '^tp_' || tail -5 "$f"
   done > "$out/ncu_summary.log" 2>&1
   tar czf "$out/ncu_csv.tgz" -C /tmp $(cd /tmp && ls ncu_*.csv)
+}
+
+splits_ab() {  # SECONDS [radial_pairs options]: i2c3f20l2r's reduce-overhead calls per pair with FLASHCART_TP_SPLITS 1, then auto
+  local t=$1; shift
+  for n in 1 auto; do
+    echo "=== FLASHCART_TP_SPLITS=$n"
+    FLASHCART_TP_SPLITS=$n TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 timeout "$t" python3 benchmarks/radial_pairs.py --device cuda \
+      --model i2c3f20l2r --structure diamond --calls reduce-overhead --setting pair --rounds 7 --calls-per-round 20 "$@"
+  done
 }
 
 profile_run() {  # MODEL (S or L) MODE (eager or a compile mode) PHASE SECONDS: the profiler on the diamond cell
@@ -858,6 +869,20 @@ ncu3)
   # bytes: which variant of each kernel runs where; about 2 minutes)
   ncu_calls 150 "regex:tp_|expansion" "i2c3f20l2r inference"
   ;;
+splitsauto)
+  # FLASHCART_TP_SPLITS=auto (walk splits by path count: the 4-path first convolution split 4 ways): GPU parity with the
+  # fused double backward's owed conv-l3 case, the products' launches under ncu with auto, then i2c3f20l2r's
+  # reduce-overhead force call with 1 and auto splits (a process each, caches off; about 9 minutes); part
+  # splitsautotrain times the trainer's step the same way
+  gpu_tests 0 "tests/cartesian/test_triton_parity.py -k auto_split:80" \
+    "tests/cartesian/test_fused_double_backward.py::test_fused_double_backward_parity_on_gpu[conv-l3]:150" > "$out/tests.log" 2>&1
+  FLASHCART_TP_SPLITS=auto ncu_calls 120 "regex:tp_" "i2c3f20l2r inference"
+  splits_ab 90 > "$out/calls_splits.log" 2>&1
+  ;;
+splitsautotrain)
+  # the trainer's reduce-overhead step (and the force call) with FLASHCART_TP_SPLITS 1 and auto, a process each (about 9 minutes)
+  splits_ab 280 --training > "$out/calls_splits_training.log" 2>&1
+  ;;
 verify3)
   # the next session's first call: the compiled model's GPU parity and the linear maps' GPU parity after the review
   # commit (grouped_matmul's UNIT/ALIGN without defaults), then part unittiles (about 8 minutes)
@@ -883,7 +908,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, geomdump or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, splitsauto, splitsautotrain, geomdump or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

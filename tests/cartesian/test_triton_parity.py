@@ -238,15 +238,63 @@ def test_split_walks_equal_the_reference(splits, variant, device, monkeypatch):
 
 @pytest.mark.parametrize("variable, default", [("FLASHCART_TP_SPLITS", 1), ("FLASHCART_DBWD_SPLITS", 4)])
 def test_splits_mode_from_environment(variable, default, monkeypatch):
-    from flashcart.cartesian._triton.common import splits_mode
+    from flashcart.cartesian._triton.common import AUTO_SPLITS, splits_mode
 
     for raw, want in (("", default), ("1", 1), ("4", 4), ("16", 16)):
         monkeypatch.setenv(variable, raw)
         assert splits_mode(variable) == want
-    for raw in ("0", "17", "auto", "-2"):
+    tp = variable == "FLASHCART_TP_SPLITS"
+    if tp:
+        monkeypatch.setenv(variable, "auto")
+        assert splits_mode(variable) == AUTO_SPLITS
+    for raw in ("0", "17", "-2", "Auto", *(() if tp else ("auto",))):
         monkeypatch.setenv(variable, raw)
-        with pytest.raises(ValueError, match=f"{variable} must be an integer from 1 to 16, got '{raw}'"):
+        also = " or 'auto'" if tp else ""
+        with pytest.raises(ValueError, match=f"{variable} must be an integer from 1 to 16{also}, got '{raw}'"):
             splits_mode(variable)
+
+
+def test_auto_splits_follow_the_path_count(monkeypatch):
+    """``FLASHCART_TP_SPLITS=auto``: 16 // paths walk splits, 1 to 4, for the forward and backward
+    walks of convolutions only; the double backward keeps ``DBWD_SPLITS``."""
+    import flashcart.cartesian._triton.common as common
+
+    assert [common.auto_splits(n) for n in (1, 4, 5, 8, 9, 17, 23)] == [4, 4, 3, 2, 1, 1, 1]
+    monkeypatch.setattr(common, "TP_SPLITS", common.AUTO_SPLITS)
+    monkeypatch.setattr(common, "DBWD_SPLITS", 3)
+    assert common.walk_splits(True, 4) == 4 and common.walk_splits(True, 17) == 1
+    assert common.walk_splits(False, 4) == 1  # dense: a row is one step
+    assert common.walk_splits(True, 4, double_backward=True) == 3
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+def test_auto_split_walks_equal_the_reference(device, monkeypatch):
+    """A 4-path convolution (rank-0 node features with edge attributes to rank 3, as the first
+    interaction's) under ``FLASHCART_TP_SPLITS=auto`` walks each node's edges in 4 programs and
+    still matches the PyTorch backend to second order (float64)."""
+    import flashcart.cartesian._triton.common as common
+    import flashcart.cartesian._triton.ops as ops
+
+    monkeypatch.setattr(common, "TP_SPLITS", common.AUTO_SPLITS)
+    seen = []  # the splits whose partial sums the forward and the backward's sender walk add
+
+    def sum_splits(t, splits):
+        seen.append(splits)
+        return common.sum_splits(t, splits)
+
+    monkeypatch.setattr(ops, "_sum_splits", sum_splits)
+    dtype = torch.float64
+    ref, tri = _pair(TensorProduct, 0, 3, 3, 3, 1)
+    assert len(tri.paths) == 4 and common.walk_splits(True, len(tri.paths)) == 4
+    n_nodes, n_edges = 5, 24
+    g = torch.Generator().manual_seed(9)
+    x1 = torch.randn(n_nodes, tri.in1_width, dtype=dtype, generator=g).to(device)
+    x2 = torch.randn(n_edges, tri.in2_width, dtype=dtype, generator=g).to(device)
+    w = torch.randn(n_edges, tri.weight_numel, dtype=dtype, generator=g).to(device)
+    graph = _graph(n_nodes, n_edges, device)
+    _compare_to_second_order(lambda a, b, c: ref(a, b, c, *graph), lambda a, b, c: tri(a, b, c, *graph), [x1, x2, w], dtype)
+    assert seen and set(seen) == {4}
 
 
 def test_pipeline_mode_from_environment(monkeypatch):

@@ -21,6 +21,8 @@ __all__ = [
     "kernel_op",
     "splits_mode",
     "walk_splits",
+    "auto_splits",
+    "AUTO_SPLITS",
     "sum_splits",
 ]
 
@@ -86,19 +88,35 @@ def reduce_channels(g: Tensor, comps: int, n_channels: int) -> Tensor:
 _MAX_SPLITS = 16
 # variable -> default: the forward's and backward's node walks, the fused double backward's
 _SPLITS_DEFAULTS = {"FLASHCART_TP_SPLITS": 1, "FLASHCART_DBWD_SPLITS": 4}
+AUTO_SPLITS = 0  # FLASHCART_TP_SPLITS=auto: splits by the product's path count (auto_splits)
 
 
 def splits_mode(variable: str = "FLASHCART_TP_SPLITS") -> int:
     """How many programs walk each node's edges in the convolution kernels (``SPLITS``), an
     integer from 1 to 16: ``FLASHCART_TP_SPLITS`` for the forward and the backward (default 1),
-    ``FLASHCART_DBWD_SPLITS`` for the fused double backward (default 4). Anything else is an
-    error naming the variable. On the H200 (i2c3f20l2r's convolution, 1000-atom diamond, 20
-    channels) 4 splits took the double backward from 2.013 to 1.191 ms, while the forward (0.148
-    -> 0.177 ms) and the backward (0.464 -> 0.487 ms) were slower split (RESULTS.md, 2026-12-03)."""
+    ``FLASHCART_DBWD_SPLITS`` for the fused double backward (default 4). ``FLASHCART_TP_SPLITS``
+    also takes ``auto`` (returned as :data:`AUTO_SPLITS`: :func:`auto_splits` per product).
+    Anything else is an error naming the variable. On the H200 (i2c3f20l2r's convolution,
+    1000-atom diamond, 20 channels) 4 splits took the double backward from 2.013 to 1.191 ms,
+    while the forward (0.148 -> 0.177 ms) and the backward (0.464 -> 0.487 ms) were slower split
+    (RESULTS.md, 2026-12-03)."""
     raw = os.environ.get(variable, "").strip() or str(_SPLITS_DEFAULTS[variable])
+    if raw == "auto" and variable == "FLASHCART_TP_SPLITS":
+        return AUTO_SPLITS
     if not raw.isdigit() or not 1 <= int(raw) <= _MAX_SPLITS:
-        raise ValueError(f"environment variable {variable} must be an integer from 1 to {_MAX_SPLITS}, got {raw!r}")
+        also = " or 'auto'" if variable == "FLASHCART_TP_SPLITS" else ""
+        raise ValueError(f"environment variable {variable} must be an integer from 1 to {_MAX_SPLITS}{also}, got {raw!r}")
     return int(raw)
+
+
+def auto_splits(n_paths: int) -> int:
+    """Walk splits of a convolution with ``n_paths`` paths under ``FLASHCART_TP_SPLITS=auto``:
+    ``16 // n_paths`` clamped to 1..4 (4 paths: 4, 8: 2, 17: 1). Few paths mean few registers per
+    thread, so more programs fit than the one warp per node that an unsplit walk launches (on the
+    H200, i2c3f20l2r's first convolution, 4 paths at 64 registers, ran 7.6 warps per
+    multiprocessor where 32 fit, at 11 % of the copy roofline; its 17-path second convolution's
+    backward is register-bound at 255: RESULTS.md, 2026-12-04). Not the default until timed."""
+    return max(1, min(4, 16 // max(n_paths, 1)))
 
 
 # Read at import; tests and benchmarks flip the module attributes.
@@ -106,12 +124,15 @@ TP_SPLITS = splits_mode("FLASHCART_TP_SPLITS")
 DBWD_SPLITS = splits_mode("FLASHCART_DBWD_SPLITS")
 
 
-def walk_splits(conv: bool, double_backward: bool = False) -> int:
+def walk_splits(conv: bool, n_paths: int, double_backward: bool = False) -> int:
     """``SPLITS`` of a launch: :data:`TP_SPLITS` (:data:`DBWD_SPLITS` for the fused double
-    backward) in convolution mode, 1 in dense mode (a row is one step)."""
+    backward; :func:`auto_splits` of ``n_paths`` when ``TP_SPLITS`` is :data:`AUTO_SPLITS`) in
+    convolution mode, 1 in dense mode (a row is one step)."""
     if not conv:
         return 1
-    return DBWD_SPLITS if double_backward else TP_SPLITS
+    if double_backward:
+        return DBWD_SPLITS
+    return auto_splits(n_paths) if TP_SPLITS == AUTO_SPLITS else TP_SPLITS
 
 
 def sum_splits(t: Tensor, splits: int) -> Tensor:

@@ -125,7 +125,7 @@ def tp_dbwd(
     n_blocks = cdiv(F, block) if F else 0
     red1, red2 = f1 == 1 and F > 1, f2 == 1 and F > 1
     programs = x1.shape[0] if conv else x2.shape[0]
-    splits = walk_splits(conv, double_backward=True)  # programs per node: per-node results are partial sums per split
+    splits = walk_splits(conv, spec.n_paths, double_backward=True)  # programs per node: per-node results are partial sums per split
     c1, c2 = spec.in1_comps, spec.in2_comps
     # an absent output is an empty tensor of its own (custom-op outputs must not alias each other)
     d_go = go.new_empty(splits * go.shape[0], go.shape[1]) if c_go else x2.new_empty(0)

@@ -118,7 +118,7 @@ def tp_fwd(
     spec, f1, f2, F = _tp_shapes(key, x1, x2)
     conv = rowptr is not None
     rows = x1.shape[0] if conv else x2.shape[0]
-    splits = _walk_splits(conv)
+    splits = _walk_splits(conv, spec.n_paths)
     out = torch.empty(splits * rows, spec.n_out_blocks * F, dtype=x2.dtype, device=x2.device)
     if guard_or_false(rows == 0) or F == 0:
         return _sum_splits(out, splits)  # nothing to compute: out has no elements
@@ -186,7 +186,7 @@ def tp_bwd(
     go, x1, x2, w = go.contiguous(), x1.contiguous(), x2.contiguous(), w.contiguous()
     shared = w.dim() == 1
     dev, dt = x2.device, x2.dtype
-    splits = _walk_splits(conv)  # the sender walks (input 1's gradient) write partial sums per split
+    splits = _walk_splits(conv, spec.n_paths)  # the sender walks (input 1's gradient) write partial sums per split
     g1 = torch.empty(splits * x1.shape[0], spec.in1_comps * F, dtype=dt, device=dev) if need_x1 else x1.new_empty(0)
     # A broadcast input 2 (one channel, the edge attributes) gets its channel sum in-kernel:
     # one program then covers every channel.
