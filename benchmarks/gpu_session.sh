@@ -131,7 +131,8 @@
 #   ncu      one GPU: hardware counters per kernel (ncu) of the compiled force call and training step (about 9 minutes)
 #   ncu2     one GPU: part ncu's training step and i3c3f64l2 force call, products, linear maps and GEMMs only (about 6 minutes)
 #   ncu3     one GPU: i2c3f20l2r's force call, each product launch under ncu (about 2 minutes)
-#   splitsauto one GPU: FLASHCART_TP_SPLITS=auto: parity, the products under ncu, force call and step against 1 (about 9 minutes)
+#   pathgroups one GPU: parity of path groups, auto splits and conv-l3; the kernels with path groups off and on (about 9 minutes)
+#   splitsauto one GPU: FLASHCART_TP_SPLITS=auto: the products under ncu, the force call against 1 split (about 5 minutes)
 #   splitsautotrain one GPU: the trainer's step with FLASHCART_TP_SPLITS 1 and auto (about 9 minutes)
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
@@ -869,13 +870,24 @@ ncu3)
   # bytes: which variant of each kernel runs where; about 2 minutes)
   ncu_calls 150 "regex:tp_|expansion" "i2c3f20l2r inference"
   ;;
-splitsauto)
-  # FLASHCART_TP_SPLITS=auto (walk splits by path count: the 4-path first convolution split 4 ways): GPU parity with the
-  # fused double backward's owed conv-l3 case, the products' launches under ncu with auto, then i2c3f20l2r's
-  # reduce-overhead force call with 1 and auto splits (a process each, caches off; about 9 minutes); part
-  # splitsautotrain times the trainer's step the same way
-  gpu_tests 0 "tests/cartesian/test_triton_parity.py -k auto_split:80" \
+pathgroups)
+  # the next session's first call: GPU parity of this session's two experiments (tp_bwd_csr's paths split by output
+  # rank, FLASHCART_BWD_PATH_GROUPS; walk splits by path count, FLASHCART_TP_SPLITS=auto) and of the fused double
+  # backward's owed conv-l3 case, then the convolution kernels with path groups off and on at 1 and 2 walk
+  # splits (about 9 minutes)
+  T=tests/cartesian/test_triton_parity.py
+  gpu_tests 0 "$T::test_path_groups_equal_the_reference $T::test_auto_split_walks_equal_the_reference:120" \
     "tests/cartesian/test_fused_double_backward.py::test_fused_double_backward_parity_on_gpu[conv-l3]:150" > "$out/tests.log" 2>&1
+  for g in 0 1; do
+    echo "=== FLASHCART_BWD_PATH_GROUPS=$g"
+    FLASHCART_BWD_PATH_GROUPS=$g timeout 140 python3 benchmarks/kernels.py --features 20 64 --out-l-max 3 --backends triton \
+      --dbwd fused --row-sums atomic --splits 1 2
+  done > "$out/kernels_path_groups.log" 2>&1
+  ;;
+splitsauto)
+  # FLASHCART_TP_SPLITS=auto (walk splits by path count: the 4-path first convolution split 4 ways): the products'
+  # launches under ncu with auto, then i2c3f20l2r's reduce-overhead force call with 1 and auto splits (a process
+  # each, caches off; about 5 minutes); part splitsautotrain times the trainer's step the same way
   FLASHCART_TP_SPLITS=auto ncu_calls 120 "regex:tp_" "i2c3f20l2r inference"
   splits_ab 90 > "$out/calls_splits.log" 2>&1
   ;;
@@ -908,7 +920,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, splitsauto, splitsautotrain, geomdump or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, pathgroups, splitsauto, splitsautotrain, geomdump or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

@@ -297,6 +297,76 @@ def test_auto_split_walks_equal_the_reference(device, monkeypatch):
     assert seen and set(seen) == {4}
 
 
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "variant",
+    ["edge attributes (input 2 summed in-kernel)", "input 2 per channel", "weight rows, 3 splits", "F70, channel blocks"],
+)
+def test_path_groups_equal_the_reference(variant, device, monkeypatch):
+    """``tp_bwd_csr`` with its paths split by output rank over grid axis 2 (``PATH_GROUPS``:
+    partial sums of input 1's gradient per group and split, of input 2's per group column block,
+    the weights' per path): forward and backward at 1e-12, double backward at 1e-10 in float64
+    against the PyTorch backend, with the grouped launch checked."""
+    import flashcart.cartesian._triton.common as common
+    import flashcart.cartesian._triton.ops as ops
+    import flashcart.cartesian._triton.signatures as signatures
+    from flashcart.cartesian import WeightRows
+
+    monkeypatch.setattr(ops, "BWD_PATH_GROUPS", True)
+    monkeypatch.setattr(common, "TP_SPLITS", 3 if "splits" in variant else 1)
+    grids = []  # tp_bwd_csr's launches: grid and PATH_GROUPS
+    launch_kernel = signatures.launch_kernel
+
+    def spy(kernel, probe, grid, values, options):
+        if "PATH_GROUPS" in values:
+            grids.append((grid, values["PATH_GROUPS"]))
+        return launch_kernel(kernel, probe, grid, values, options)
+
+    monkeypatch.setattr(signatures, "launch_kernel", spy)
+    dtype = torch.float64
+    F = 70 if variant.startswith("F70") else 3
+    f2 = F if variant == "input 2 per channel" else 1
+    ref, tri = _pair(TensorProduct, 2, 3, 3, F, f2)
+    n_nodes, n_edges = 5, 24
+    g = torch.Generator().manual_seed(11)
+    x1 = torch.randn(n_nodes, tri.in1_width, dtype=dtype, generator=g).to(device)
+    x2 = torch.randn(n_edges, tri.in2_width, dtype=dtype, generator=g).to(device)
+    rows = n_edges // 2 if variant.startswith("weight rows") else n_edges
+    w = torch.randn(rows, tri.weight_numel, dtype=dtype, generator=g).to(device)
+    graph = _graph(n_nodes, n_edges, device)
+    if variant.startswith("weight rows"):  # edges 2k and 2k+1 read row k
+        shared = WeightRows(torch.arange(n_edges, device=device) // 2, torch.arange(n_edges, device=device).view(-1, 2))
+
+        def fn_ref(a, b, c):
+            return ref(a, b, c.index_select(0, shared.index), *graph)
+
+        def fn_tri(a, b, c):
+            return tri(a, b, c, *graph, weight_rows=shared)
+    else:
+
+        def fn_ref(a, b, c):
+            return ref(a, b, c, *graph)
+
+        def fn_tri(a, b, c):
+            return tri(a, b, c, *graph)
+
+    _compare_to_second_order(fn_ref, fn_tri, [x1, x2, w], dtype)
+    n_groups = len({p.l_out for p in tri.paths})
+    assert grids and all(grid[2] == n_groups and grouped for grid, grouped in grids)
+
+
+def test_path_groups_mode_from_environment(monkeypatch):
+    from flashcart.cartesian._triton import ops
+
+    for raw, want in (("0", False), ("1", True), ("", False)):
+        monkeypatch.setenv("FLASHCART_BWD_PATH_GROUPS", raw)
+        assert ops._bwd_path_groups_mode() is want
+    monkeypatch.setenv("FLASHCART_BWD_PATH_GROUPS", "yes")
+    with pytest.raises(ValueError, match="FLASHCART_BWD_PATH_GROUPS must be 0 or 1, got 'yes'"):
+        ops._bwd_path_groups_mode()
+
+
 def test_pipeline_mode_from_environment(monkeypatch):
     from flashcart.cartesian._triton import ops
 

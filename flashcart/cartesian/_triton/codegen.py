@@ -278,8 +278,10 @@ def _fwd_messages(paths, offsets, indent: str, load_w: bool = False) -> list[str
     return L
 
 
-def _alias_go(lines, paths, offsets, indent):
-    for pi, p in enumerate(paths):
+def _alias_go(lines, sel, offsets, indent):
+    """``gop{pi}_{c}``: the output-cotangent block of path ``pi``'s component ``c``, for the
+    ``(pi, path)`` pairs of ``sel``."""
+    for pi, p in sel:
         for c in range(2 * p.l_out + 1):
             lines.append(f"{indent}gop{pi}_{c} = go{offsets[(pi, c)]}")
 
@@ -304,32 +306,36 @@ def _bwd_edge(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
         f"{I}pb = x2_ptr + r * x2_row",
         *weight_row(I, "r"),
     ]
+    sel = list(enumerate(paths))
     L += [I + _load(f"go{k}", "pg", f"{k} * F", "f") for k in range(n_out)]
-    _alias_go(L, paths, offsets, I)
+    _alias_go(L, sel, offsets, I)
     _load_inputs(L, paths, I)
     # gradient of input 1 (dense mode only)
     L.append(f"{I}if NEED_G1:")
-    L += _grad_block(paths, "l1", II, "g1_ptr + r * g1_row", "a", in1_l_max)
-    _edge_grads(L, paths, I, "r", in2_l_max, load_w=True)
+    L += _grad_block(sel, "l1", II, "g1_ptr + r * g1_row", "a", in1_l_max)
+    _edge_grads(L, sel, I, "r", in2_l_max, load_w=True)
     return L
 
 
-def _edge_grads(L, paths, indent, row: str, in2_l_max, load_w: bool) -> None:
+def _edge_grads(L, sel, indent, row: str, in2_l_max, load_w: bool, g2_block: str = "") -> None:
     """The ``NEED_G2`` and ``NEED_GW`` blocks: input 2's and the weights' gradients of edge/row
-    ``row`` from ``a*``, ``b*`` and ``gop*`` (and ``w*``, loaded here with ``load_w``)."""
+    ``row`` from ``a*``, ``b*`` and ``gop*`` (and ``w*``, loaded here with ``load_w``) for the
+    ``(pi, path)`` pairs of ``sel``; input 2's gradient goes ``g2_block`` elements into the row
+    (a path group's column block)."""
     inner = indent + _I
     L.append(f"{indent}if NEED_G2:")
-    L += _grad_block(paths, "l2", inner, f"g2_ptr + {row} * g2_row", "b", in2_l_max, reduce_flag="REDUCE_G2", load_w=load_w)
+    ptr = f"g2_ptr + {row} * g2_row" + (f" + {g2_block}" if g2_block else "")
+    L += _grad_block(sel, "l2", inner, ptr, "b", in2_l_max, reduce_flag="REDUCE_G2", load_w=load_w)
     L.append(f"{indent}if NEED_GW:")
     L.append(f"{inner}if W_ROWS:")
     L += listed_mask(inner + _I, row)
-    for pi, p in enumerate(paths):
+    for pi, p in sel:
         L += [inner + s for s in bilinear_lines(product_table(p.l1, p.l2, p.l_out), f"a{p.l1}_", f"b{p.l2}_", f"t{pi}_", _lit)]
         L.append(f"{inner}gwv{pi} = " + " + ".join(f"gop{pi}_{c} * t{pi}_{c}" for c in range(2 * p.l_out + 1)))
         L += weight_grad_out(inner, "gw_ptr", row, "gw_row", pi, f"gwv{pi}")
 
 
-def _grad_block(paths, attr, indent, ptr, vjp, l_max, reduce_flag=None, load_w=True) -> list[str]:
+def _grad_block(sel, attr, indent, ptr, vjp, l_max, reduce_flag=None, load_w=True) -> list[str]:
     """Accumulate ``sum_p w_p * VJP_p`` for input ``a`` (vjp='a') or ``b`` and store all ranks.
 
     With ``reduce_flag`` set at run time the input is broadcast (one channel) and the
@@ -337,11 +343,11 @@ def _grad_block(paths, attr, indent, ptr, vjp, l_max, reduce_flag=None, load_w=T
     weights ``w{p}`` are loaded already.
     """
     L = []
-    ranks = _ranks(paths, attr)
+    ranks = _ranks([p for _, p in sel], attr)
     for l in ranks:
         for i in range(2 * l + 1):
             L.append(f"{indent}g{l}_{i} = tl.zeros([BLOCK_F], dtype=DT)")
-    for pi, p in enumerate(paths):
+    for pi, p in sel:
         if load_w:
             L.append(indent + _load(f"w{pi}", "pw", f"{pi} * F", "f"))
         if vjp == "a":
@@ -367,12 +373,15 @@ def _grad_block(paths, attr, indent, ptr, vjp, l_max, reduce_flag=None, load_w=T
     return L
 
 
-def _sender_walk(L, paths, offsets, n_out, acc: str, hoist_w: bool) -> None:
+def _sender_walk(L, sel, offsets, acc: str, hoist_w: bool, I: str = _I) -> None:
     """Zeroed node-gradient accumulators ``{acc}{l}_{i}``, then the loop over a sender's edges
-    (``perm``) with each edge's output cotangent ``go*``, input 2 ``b*`` and weights ``w*`` loaded
-    (all weights first with ``hoist_w``, else each before its path), accumulating input 1's
-    gradient (the loop body continues at two indents)."""
-    I, II = _I, _I * 2
+    (``perm``) with each edge's output cotangent ``go*`` (the blocks the paths of ``sel`` read),
+    input 2 ``b*`` and weights ``w*`` loaded (all weights first with ``hoist_w``, else each before
+    its path), accumulating input 1's gradient over the ``(pi, path)`` pairs of ``sel`` (the loop
+    starts at indent ``I``; its body continues one indent deeper)."""
+    II = I + _I
+    paths = [p for _, p in sel]
+    blocks = sorted({offsets[(pi, c)] for pi, p in sel for c in range(2 * p.l_out + 1)})
     for l in _ranks(paths, "l1"):
         for i in range(2 * l + 1):
             L.append(f"{I}{acc}{l}_{i} = tl.zeros([BLOCK_F], dtype=DT)")
@@ -384,12 +393,12 @@ def _sender_walk(L, paths, offsets, n_out, acc: str, hoist_w: bool) -> None:
         f"{II}pb = x2_ptr + e * x2_row",
         *weight_row(II, "e"),
     ]
-    L += [II + _load(f"go{k}", "pg", f"{k} * F", "f") for k in range(n_out)]
-    _alias_go(L, paths, offsets, II)
+    L += [II + _load(f"go{k}", "pg", f"{k} * F", "f") for k in blocks]
+    _alias_go(L, sel, offsets, II)
     _load_inputs(L, paths, II, need_a=False)
     if hoist_w:
-        L += [II + _load(f"w{pi}", "pw", f"{pi} * F", "f") for pi in range(len(paths))]
-    for pi, p in enumerate(paths):  # input 1's gradient, accumulated over the sender's edges
+        L += [II + _load(f"w{pi}", "pw", f"{pi} * F", "f") for pi, _ in sel]
+    for pi, p in sel:  # input 1's gradient, accumulated over the sender's edges
         if not hoist_w:
             L.append(II + _load(f"w{pi}", "pw", f"{pi} * F", "f"))
         table = product_vjp_a_table(p.l1, p.l2, p.l_out)
@@ -398,32 +407,59 @@ def _sender_walk(L, paths, offsets, n_out, acc: str, hoist_w: bool) -> None:
             L.append(f"{II}{acc}{p.l1}_{i} += w{pi} * v{pi}_{i}")
 
 
-def _store_sender_grad(L, paths, in1_l_max, acc: str) -> None:
-    """Store the sender's accumulated input-1 gradient (zeros for ranks no path reaches)."""
-    ranks = _ranks(paths, "l1")
-    L.append(f"{_I}pgo = g1_ptr + oj * g1_row")
+def _store_sender_grad(L, sel, in1_l_max, acc: str, I: str = _I, row: str = "oj") -> None:
+    """Store the sender's accumulated input-1 gradient in row ``row`` (zeros for ranks no path of
+    ``sel`` reaches)."""
+    ranks = _ranks([p for _, p in sel], "l1")
+    L.append(f"{I}pgo = g1_ptr + {row} * g1_row")
     for l in range(in1_l_max + 1):
         for i in range(2 * l + 1):
             value = f"{acc}{l}_{i}" if l in ranks else "tl.zeros([BLOCK_F], dtype=DT)"
-            L.append(f"{_I}tl.store(pgo + {l * l + i} * F + f, {value}, mask=fm)")
+            L.append(f"{I}tl.store(pgo + {l * l + i} * F + f, {value}, mask=fm)")
 
 
 def _bwd_x1_csr(paths, offsets, n_out, in1_l_max) -> list[str]:
     L = TP_BWD_X1_CSR.header(_I) + sender_prologue(_I)
-    _sender_walk(L, paths, offsets, n_out, "g", hoist_w=False)
-    _store_sender_grad(L, paths, in1_l_max, "g")
+    sel = list(enumerate(paths))
+    _sender_walk(L, sel, offsets, "g", hoist_w=False)
+    _store_sender_grad(L, sel, in1_l_max, "g")
     return L
 
 
-def _bwd_csr(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
-    L = TP_BWD_CSR.header(_I) + sender_prologue(_I)
-    II = _I * 2
-    L += [f"{_I}f1 = f * F1S", f"{_I}pa = x1_ptr + j * x1_row"]
-    _sender_walk(L, paths, offsets, n_out, "h", hoist_w=True)
+def path_groups(paths) -> list[list[int]]:
+    """Path indices of each ``PATH_GROUPS`` group of ``tp_bwd_csr``: the paths of one output rank."""
+    ranks = sorted({p.l_out for p in paths})
+    return [[i for i, p in enumerate(paths) if p.l_out == l] for l in ranks]
+
+
+def _bwd_csr_body(L, sel, in1_l_max, in2_l_max, offsets, I: str, group: int, n_groups: int) -> None:
+    """One sender walk of ``tp_bwd_csr`` over the paths of ``sel``, at indent ``I``: input 1's
+    gradient in row ``group * programs + oj`` (a path group's partial sums, after the walk
+    splits'), input 2's in column block ``group`` of its row (``g2_row // n_groups`` wide), the
+    weights' per path."""
+    _sender_walk(L, sel, offsets, "h", hoist_w=True, I=I)
     # the sender's row of input 1, read per edge (cached) rather than held in registers across the loop
-    _load_inputs(L, paths, II, need_b=False)
-    _edge_grads(L, paths, II, "e", in2_l_max, load_w=False)
-    _store_sender_grad(L, paths, in1_l_max, "h")
+    _load_inputs(L, [p for _, p in sel], I + _I, need_b=False)
+    _edge_grads(L, sel, I + _I, "e", in2_l_max, load_w=False, g2_block=f"{group} * (g2_row // {n_groups})" if group else "")
+    row = f"(oj + {group} * tl.cast(tl.num_programs(0), tl.int64))" if group else "oj"
+    _store_sender_grad(L, sel, in1_l_max, "h", I=I, row=row)
+
+
+def _bwd_csr(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
+    """The sender walk computing input 1's gradient with input 2's and the weights' per edge. With
+    ``PATH_GROUPS`` grid axis 2 splits the paths by output rank (:func:`path_groups`): each program
+    holds one rank's output cotangent, weights and products (fewer registers per thread), and
+    writes partial sums for input 1 and input 2 that the launcher adds."""
+    I, II = _I, _I * 2
+    L = TP_BWD_CSR.header(I) + sender_prologue(I)
+    L += [f"{I}f1 = f * F1S", f"{I}pa = x1_ptr + j * x1_row"]
+    groups = path_groups(paths)
+    L += [f"{I}if PATH_GROUPS:", f"{II}grp = tl.program_id(2)"]
+    for g, idx in enumerate(groups):
+        L.append(f"{II}if grp == {g}:")
+        _bwd_csr_body(L, [(i, paths[i]) for i in idx], in1_l_max, in2_l_max, offsets, II + _I, g, len(groups))
+    L.append(f"{I}else:")
+    _bwd_csr_body(L, list(enumerate(paths)), in1_l_max, in2_l_max, offsets, II, 0, 1)
     return L
 
 
@@ -435,6 +471,7 @@ def generate_product_source(paths: list[Path], in1_l_max: int, in2_l_max: int, o
         "import triton",
         "import triton.language as tl",
         f"N_OUT_BLOCKS = {n_out}",
+        f"N_PATH_GROUPS = {len(path_groups(paths))}",
         "",
     ]
     lines += _fwd(paths, offsets, n_out) + [""]

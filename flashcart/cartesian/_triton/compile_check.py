@@ -59,6 +59,12 @@ def _variants(dbwd_only: bool):
             ),
             (
                 "product",
+                TP_BWD_CSR,
+                "tp_bwd_csr g1+g2+gw, rows, path groups",
+                dict(NEED_G2=True, NEED_GW=True, REDUCE_G2=True, W_INDEX=True, W_ROWS=True, PATH_GROUPS=True),
+            ),
+            (
+                "product",
                 TP_BWD_EDGE,
                 "tp_bwd_edge conv gw, weight rows",
                 dict(CONV=True, NEED_G1=False, NEED_G2=False, NEED_GW=True, REDUCE_G2=False, W_INDEX=True, W_ROWS=True),
@@ -112,11 +118,16 @@ def _variants(dbwd_only: bool):
     return out
 
 
-def resource_usage(key: str, dtype: str = "fp32", block_f: int = 64, dbwd_only: bool = False, maxnreg: int | None = None) -> dict[str, str]:
+def resource_usage(
+    key: str, dtype: str = "fp32", block_f: int = 64, dbwd_only: bool = False, maxnreg: int | None = None, only: str | None = None
+) -> dict[str, str]:
     """``{kernel variant: cuobjdump resource-usage line}`` for sm_90 (H100/H200).
 
     ``key``: product configuration ``"l1,l2,lout,symmetric,reduce"``; ``dtype``: ``fp32`` or
-    ``fp64``; ``block_f``: channels per program (``num_warps = block_f // 32``).
+    ``fp64``; ``block_f``: channels per program (``num_warps = block_f // 32``); ``maxnreg``: the
+    register cap per thread passed to ptxas (Triton's ``maxnreg`` option; ``None``: ptxas picks, at
+    most 255), which trades spills for resident warps (65,536 registers per multiprocessor hold
+    ``65536 // (32 * REG)`` warps); ``only``: just the variants whose label contains it.
     """
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("compile_check needs TRITON_INTERPRET unset (the interpreter replaces @triton.jit)")
@@ -134,9 +145,12 @@ def resource_usage(key: str, dtype: str = "fp32", block_f: int = 64, dbwd_only: 
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     report = {}
     for which, sig, label, flags in _variants(dbwd_only):
+        if only is not None and only not in label:
+            continue
         signature = {a: ("*i64" if a in _INDEX else f"*{dtype}") if a.endswith("_ptr") else "i32" for a in sig.args}
         signature |= {c: "constexpr" for c in sig.constexprs}
-        constexprs = {**({"SPLITS": 1} if "SPLITS" in sig.constexprs else {}), **flags, "BLOCK_F": block_f, "DT": dts[dtype]}
+        defaults = {k: v for k, v in (("SPLITS", 1), ("PATH_GROUPS", False)) if k in sig.constexprs}
+        constexprs = {**defaults, **flags, "BLOCK_F": block_f, "DT": dts[dtype]}
         src = ASTSource(fn=getattr(modules[which], sig.name), signature=signature, constexprs=constexprs)
         options = dict(num_warps=max(1, block_f // 32)) | ({} if maxnreg is None else {"maxnreg": maxnreg})
         kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
@@ -232,6 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--block-f", type=int, default=64)
     parser.add_argument("--dbwd-only", action="store_true", help="only the fused double-backward kernels")
     parser.add_argument("--maxnreg", type=int, default=None, help="register cap per thread (Triton's maxnreg option)")
+    parser.add_argument("--only", default=None, metavar="TEXT", help="only the kernel variants whose label contains TEXT")
     parser.add_argument("--linear-tiles", nargs="+", help="compile the grouped matmul with these FLASHCART_LINEAR_TILES values instead")
     parser.add_argument(
         "--linear-key", default=None, help="with --linear-tiles: compile for this map's contiguous axes (e.g. '3|3|64|64|4,6,7,6')"
@@ -249,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
         for label, usage in linear_resource_usage(args.linear_tiles, args.dtype, key=args.linear_key, kind=args.linear_kind).items():
             print(f"linear {label:25s} {usage}")
         return
-    for label, usage in resource_usage(args.key, args.dtype, args.block_f, args.dbwd_only, args.maxnreg).items():
+    for label, usage in resource_usage(args.key, args.dtype, args.block_f, args.dbwd_only, args.maxnreg, args.only).items():
         print(f"{label:32s} {usage}")
 
 
