@@ -182,6 +182,28 @@ def test_pipelined_forward_equals_plain(F, device, monkeypatch):
     _compare_to_second_order(lambda a, b, c: ref(a, b, c, *graph), lambda a, b, c: tri(a, b, c, *graph), [x1, x2, w], dtype)
 
 
+def _conv_problem(ref, tri, device, seed, weights="edge", n_nodes=5, n_edges=24):
+    """float64 inputs ``[x1, x2, w]`` of a convolution on :func:`_graph` and the two calls
+    ``(fn_ref, fn_tri)`` taking them. ``weights``: ``"edge"`` (a row per edge), ``"rows"`` (edges
+    2k and 2k+1 read row k, the Triton call through ``WeightRows``) or ``"shared"`` (1-D)."""
+    from flashcart.cartesian import WeightRows
+
+    g = torch.Generator().manual_seed(seed)
+    x1 = torch.randn(n_nodes, tri.in1_width, dtype=torch.float64, generator=g).to(device)
+    x2 = torch.randn(n_edges, tri.in2_width, dtype=torch.float64, generator=g).to(device)
+    lead = {"edge": (n_edges,), "rows": (n_edges // 2,), "shared": ()}[weights]
+    w = torch.randn(*lead, tri.weight_numel, dtype=torch.float64, generator=g).to(device)
+    graph = _graph(n_nodes, n_edges, device)
+    if weights == "rows":
+        rows = WeightRows(torch.arange(n_edges, device=device) // 2, torch.arange(n_edges, device=device).view(-1, 2))
+        return (
+            [x1, x2, w],
+            (lambda a, b, c: ref(a, b, c.index_select(0, rows.index), *graph)),
+            (lambda a, b, c: tri(a, b, c, *graph, weight_rows=rows)),
+        )
+    return [x1, x2, w], (lambda a, b, c: ref(a, b, c, *graph)), (lambda a, b, c: tri(a, b, c, *graph))
+
+
 @needs_triton
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
@@ -202,38 +224,15 @@ def test_split_walks_equal_the_reference(splits, variant, device, monkeypatch):
     degrees below 5)."""
     import flashcart.cartesian._triton.common as common
     import flashcart.cartesian._triton.ops as ops
-    from flashcart.cartesian import WeightRows
 
     monkeypatch.setattr(common, "TP_SPLITS", splits)
     monkeypatch.setattr(common, "DBWD_SPLITS", splits + 1)
     monkeypatch.setattr(ops, "FUSED_CSR_BACKWARD", variant != "two-kernel backward")
-    dtype = torch.float64
     F = 70 if variant.startswith("F70") else 3
     ref, tri = _pair(TensorProduct, 2, 3, 3, F, 1, shared_weights=variant == "shared weights")
-    n_nodes, n_edges = 5, 24
-    g = torch.Generator().manual_seed(8)
-    x1 = torch.randn(n_nodes, tri.in1_width, dtype=dtype, generator=g).to(device)
-    x2 = torch.randn(n_edges, tri.in2_width, dtype=dtype, generator=g).to(device)
-    rows = n_edges // 2 if variant == "weight rows" else n_edges
-    w = torch.randn(*(() if variant == "shared weights" else (rows,)), tri.weight_numel, dtype=dtype, generator=g).to(device)
-    graph = _graph(n_nodes, n_edges, device)
-    if variant == "weight rows":  # edges 2k and 2k+1 read row k
-        shared = WeightRows(torch.arange(n_edges, device=device) // 2, torch.arange(n_edges, device=device).view(-1, 2))
-
-        def fn_ref(a, b, c):
-            return ref(a, b, c.index_select(0, shared.index), *graph)
-
-        def fn_tri(a, b, c):
-            return tri(a, b, c, *graph, weight_rows=shared)
-    else:
-
-        def fn_ref(a, b, c):
-            return ref(a, b, c, *graph)
-
-        def fn_tri(a, b, c):
-            return tri(a, b, c, *graph)
-
-    _compare_to_second_order(fn_ref, fn_tri, [x1, x2, w], dtype)
+    weights = {"weight rows": "rows", "shared weights": "shared"}.get(variant, "edge")
+    inputs, fn_ref, fn_tri = _conv_problem(ref, tri, device, seed=8, weights=weights)
+    _compare_to_second_order(fn_ref, fn_tri, inputs, torch.float64)
 
 
 @pytest.mark.parametrize("variable, default", [("FLASHCART_TP_SPLITS", 1), ("FLASHCART_DBWD_SPLITS", 4)])
@@ -284,16 +283,10 @@ def test_auto_split_walks_equal_the_reference(device, monkeypatch):
         return common.sum_splits(t, splits)
 
     monkeypatch.setattr(ops, "_sum_splits", sum_splits)
-    dtype = torch.float64
     ref, tri = _pair(TensorProduct, 0, 3, 3, 3, 1)
     assert len(tri.paths) == 4 and common.walk_splits(True, len(tri.paths)) == 4
-    n_nodes, n_edges = 5, 24
-    g = torch.Generator().manual_seed(9)
-    x1 = torch.randn(n_nodes, tri.in1_width, dtype=dtype, generator=g).to(device)
-    x2 = torch.randn(n_edges, tri.in2_width, dtype=dtype, generator=g).to(device)
-    w = torch.randn(n_edges, tri.weight_numel, dtype=dtype, generator=g).to(device)
-    graph = _graph(n_nodes, n_edges, device)
-    _compare_to_second_order(lambda a, b, c: ref(a, b, c, *graph), lambda a, b, c: tri(a, b, c, *graph), [x1, x2, w], dtype)
+    inputs, fn_ref, fn_tri = _conv_problem(ref, tri, device, seed=9)
+    _compare_to_second_order(fn_ref, fn_tri, inputs, torch.float64)
     assert seen and set(seen) == {4}
 
 
@@ -311,7 +304,6 @@ def test_path_groups_equal_the_reference(variant, device, monkeypatch):
     import flashcart.cartesian._triton.common as common
     import flashcart.cartesian._triton.ops as ops
     import flashcart.cartesian._triton.signatures as signatures
-    from flashcart.cartesian import WeightRows
 
     monkeypatch.setattr(ops, "BWD_PATH_GROUPS", True)
     monkeypatch.setattr(common, "TP_SPLITS", 3 if "splits" in variant else 1)
@@ -324,58 +316,30 @@ def test_path_groups_equal_the_reference(variant, device, monkeypatch):
         return launch_kernel(kernel, probe, grid, values, options)
 
     monkeypatch.setattr(signatures, "launch_kernel", spy)
-    dtype = torch.float64
     F = 70 if variant.startswith("F70") else 3
     f2 = F if variant == "input 2 per channel" else 1
     ref, tri = _pair(TensorProduct, 2, 3, 3, F, f2)
-    n_nodes, n_edges = 5, 24
-    g = torch.Generator().manual_seed(11)
-    x1 = torch.randn(n_nodes, tri.in1_width, dtype=dtype, generator=g).to(device)
-    x2 = torch.randn(n_edges, tri.in2_width, dtype=dtype, generator=g).to(device)
-    rows = n_edges // 2 if variant.startswith("weight rows") else n_edges
-    w = torch.randn(rows, tri.weight_numel, dtype=dtype, generator=g).to(device)
-    graph = _graph(n_nodes, n_edges, device)
-    if variant.startswith("weight rows"):  # edges 2k and 2k+1 read row k
-        shared = WeightRows(torch.arange(n_edges, device=device) // 2, torch.arange(n_edges, device=device).view(-1, 2))
-
-        def fn_ref(a, b, c):
-            return ref(a, b, c.index_select(0, shared.index), *graph)
-
-        def fn_tri(a, b, c):
-            return tri(a, b, c, *graph, weight_rows=shared)
-    else:
-
-        def fn_ref(a, b, c):
-            return ref(a, b, c, *graph)
-
-        def fn_tri(a, b, c):
-            return tri(a, b, c, *graph)
-
-    _compare_to_second_order(fn_ref, fn_tri, [x1, x2, w], dtype)
+    weights = "rows" if variant.startswith("weight rows") else "edge"
+    inputs, fn_ref, fn_tri = _conv_problem(ref, tri, device, seed=11, weights=weights)
+    _compare_to_second_order(fn_ref, fn_tri, inputs, torch.float64)
     n_groups = len({p.l_out for p in tri.paths})
     assert grids and all(grid[2] == n_groups and grouped for grid, grouped in grids)
 
 
-def test_path_groups_mode_from_environment(monkeypatch):
+@pytest.mark.parametrize(
+    "variable, reader, default",
+    [("FLASHCART_TP_PIPELINE", "_pipeline_mode", True), ("FLASHCART_BWD_PATH_GROUPS", "_bwd_path_groups_mode", False)],
+)
+def test_switch_modes_from_environment(variable, reader, default, monkeypatch):
+    """The kernels' on/off switches: ``0``, ``1`` or unset (the default); anything else is an error naming the variable."""
     from flashcart.cartesian._triton import ops
 
-    for raw, want in (("0", False), ("1", True), ("", False)):
-        monkeypatch.setenv("FLASHCART_BWD_PATH_GROUPS", raw)
-        assert ops._bwd_path_groups_mode() is want
-    monkeypatch.setenv("FLASHCART_BWD_PATH_GROUPS", "yes")
-    with pytest.raises(ValueError, match="FLASHCART_BWD_PATH_GROUPS must be 0 or 1, got 'yes'"):
-        ops._bwd_path_groups_mode()
-
-
-def test_pipeline_mode_from_environment(monkeypatch):
-    from flashcart.cartesian._triton import ops
-
-    for raw, want in (("0", False), ("1", True), ("", True)):
-        monkeypatch.setenv("FLASHCART_TP_PIPELINE", raw)
-        assert ops._pipeline_mode() is want
-    monkeypatch.setenv("FLASHCART_TP_PIPELINE", "on")
-    with pytest.raises(ValueError, match="FLASHCART_TP_PIPELINE must be 0 or 1, got 'on'"):
-        ops._pipeline_mode()
+    for raw, want in (("0", False), ("1", True), ("", default)):
+        monkeypatch.setenv(variable, raw)
+        assert getattr(ops, reader)() is want
+    monkeypatch.setenv(variable, "on")
+    with pytest.raises(ValueError, match=f"{variable} must be 0 or 1, got 'on'"):
+        getattr(ops, reader)()
 
 
 @needs_triton
