@@ -58,6 +58,8 @@ def summarize(path: Path, bandwidth: float, rows: int, detail: str | None = None
     """Print the per-kernel table of one ``ncu --csv --page raw`` log; with ``detail`` (a regular
     expression) also every launch of the kernels whose names match it, in launch order: duration,
     DRAM bytes, registers per thread, grid and block (which variant of a kernel ran where)."""
+    if not path.is_file():
+        raise SystemExit(f"{path}: no such ncu log (ncu --csv --page raw --log-file writes it)")
     lines = path.read_text().splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
     if start is None:

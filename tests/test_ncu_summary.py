@@ -74,6 +74,11 @@ def test_summary_lists_the_launches_asked_for(tmp_path, capsys):
     ]
 
 
+def test_summary_of_a_missing_log_names_it(tmp_path):
+    with pytest.raises(SystemExit, match="gone.csv: no such ncu log"):
+        summarize(tmp_path / "gone.csv", bandwidth=4e12, rows=10)
+
+
 def test_summary_of_a_log_without_a_table_names_the_file(tmp_path):
     log = tmp_path / "empty.csv"
     log.write_text("==PROF== Connected to process 1\n==ERROR== something\n")

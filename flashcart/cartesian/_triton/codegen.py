@@ -40,7 +40,7 @@ from .._expressions import (
 from .._paths import Path
 from .signatures import EXPANSION_FWD, EXPANSION_SECOND, EXPANSION_VJP, TP_BWD_CSR, TP_BWD_EDGE, TP_BWD_X1_CSR, TP_FWD
 
-__all__ = ["generate_product_source", "generate_expansion_source", "out_offsets"]
+__all__ = ["generate_product_source", "generate_expansion_source", "out_offsets", "rank_groups"]
 
 _I = "    "
 
@@ -426,8 +426,9 @@ def _bwd_x1_csr(paths, offsets, n_out, in1_l_max) -> list[str]:
     return L
 
 
-def path_groups(paths) -> list[list[int]]:
-    """Path indices of each ``PATH_GROUPS`` group of ``tp_bwd_csr``: the paths of one output rank."""
+def rank_groups(paths) -> list[list[int]]:
+    """Path indices grouped by output rank, in rank order: the groups of ``tp_bwd_csr``'s
+    ``PATH_GROUPS`` and of the fused double backward's ``ROW_GROUPS``."""
     ranks = sorted({p.l_out for p in paths})
     return [[i for i, p in enumerate(paths) if p.l_out == l] for l in ranks]
 
@@ -447,13 +448,13 @@ def _bwd_csr_body(L, sel, in1_l_max, in2_l_max, offsets, I: str, group: int, n_g
 
 def _bwd_csr(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
     """The sender walk computing input 1's gradient with input 2's and the weights' per edge. With
-    ``PATH_GROUPS`` grid axis 2 splits the paths by output rank (:func:`path_groups`): each program
+    ``PATH_GROUPS`` grid axis 2 splits the paths by output rank (:func:`rank_groups`): each program
     holds one rank's output cotangent, weights and products (fewer registers per thread), and
     writes partial sums for input 1 and input 2 that the launcher adds."""
     I, II = _I, _I * 2
     L = TP_BWD_CSR.header(I) + sender_prologue(I)
     L += [f"{I}f1 = f * F1S", f"{I}pa = x1_ptr + j * x1_row"]
-    groups = path_groups(paths)
+    groups = rank_groups(paths)
     L += [f"{I}if PATH_GROUPS:", f"{II}grp = tl.program_id(2)"]
     for g, idx in enumerate(groups):
         L.append(f"{II}if grp == {g}:")
@@ -471,7 +472,7 @@ def generate_product_source(paths: list[Path], in1_l_max: int, in2_l_max: int, o
         "import triton",
         "import triton.language as tl",
         f"N_OUT_BLOCKS = {n_out}",
-        f"N_PATH_GROUPS = {len(path_groups(paths))}",
+        f"N_PATH_GROUPS = {len(rank_groups(paths))}",
         "",
     ]
     lines += _fwd(paths, offsets, n_out) + [""]

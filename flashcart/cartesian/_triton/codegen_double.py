@@ -37,10 +37,22 @@ from __future__ import annotations
 from .._codegen_torch import bilinear_lines
 from .._expressions import product_table, product_vjp_a_table, product_vjp_b_table
 from .._paths import Path
-from .codegen import _I, _lit, _load, _ranks, listed_mask, out_offsets, receiver_prologue, sender_prologue, weight_grad_out, weight_row
+from .codegen import (
+    _I,
+    _lit,
+    _load,
+    _ranks,
+    listed_mask,
+    out_offsets,
+    rank_groups,
+    receiver_prologue,
+    sender_prologue,
+    weight_grad_out,
+    weight_row,
+)
 from .signatures import TP_DBWD_ROW, TP_DBWD_X1_CSR
 
-__all__ = ["generate_double_backward_source", "row_groups"]
+__all__ = ["generate_double_backward_source"]
 
 # Register names in the generated code: a/b: x1/x2 components, c/d: gg1/gg2 components,
 # w/q: weights and their cotangent per path, go/gop: output cotangent (by block / by path).
@@ -244,12 +256,6 @@ def _row_body(indent: str, sel, offsets, in1_l_max: int, in2_l_max: int, group: 
     return L
 
 
-def row_groups(paths) -> list[list[int]]:
-    """Path indices of each ``ROW_GROUPS`` group: the paths of one output rank."""
-    ranks = sorted({p.l_out for p in paths})
-    return [[i for i, p in enumerate(paths) if p.l_out == l] for l in ranks]
-
-
 def _row_kernel(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
     I, II = _I, _I * 2
     L = TP_DBWD_ROW.header(I)
@@ -261,7 +267,7 @@ def _row_kernel(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
         f"{I}if ROW_GROUPS:",
         f"{II}grp = tl.program_id(2)",
     ]
-    for g, idx in enumerate(row_groups(paths)):
+    for g, idx in enumerate(rank_groups(paths)):
         L.append(f"{II}if grp == {g}:")
         L += _row_body(II + _I, [(i, paths[i]) for i in idx], offsets, in1_l_max, in2_l_max, g, dense_x1=False)
     L.append(f"{I}else:")
@@ -308,7 +314,7 @@ def generate_double_backward_source(paths: list[Path], in1_l_max: int, in2_l_max
         "import triton",
         "import triton.language as tl",
         f"N_OUT_BLOCKS = {n_out}",
-        f"N_ROW_GROUPS = {len(row_groups(paths))}",
+        f"N_ROW_GROUPS = {len(rank_groups(paths))}",
         "",
     ]
     lines += _row_kernel(paths, offsets, n_out, in1_l_max, in2_l_max) + [""]

@@ -8,6 +8,9 @@ thread, ``STACK``/``LOCAL`` bytes of spills)::
 
     python -m flashcart.cartesian._triton.compile_check --key 2,3,2,0,0 --dtype fp32 --block-f 64
 
+``--maxnreg N`` caps the registers per thread (what the cap costs in spills), ``--only TEXT``
+compiles just the variants whose label contains ``TEXT``.
+
 ``--linear-tiles T ...`` compiles the linear maps' grouped matmul instead, with ``--linear-key``
 (``'3|3|64|64|4,6,7,6'``) and ``--linear-kind`` (0 forward, 1 input gradient, 2 weight gradient)
 as the launcher compiles that map's launch, its global loads counted by width.
@@ -160,6 +163,9 @@ def resource_usage(
             usage = subprocess.run([str(tool), "--dump-resource-usage", fh.name], capture_output=True, text=True, check=True).stdout
         line = next(s for s in usage.splitlines() if "REG:" in s)
         report[label] = " ".join(f for f in line.split() if f.split(":")[0] in ("REG", "STACK", "LOCAL"))
+    if not report:
+        labels = ", ".join(repr(v[2]) for v in _variants(dbwd_only))
+        raise ValueError(f"only={only!r} matches no kernel variant; the labels: {labels}")
     return report
 
 
@@ -264,8 +270,12 @@ def main(argv: list[str] | None = None) -> None:
         for label, usage in linear_resource_usage(args.linear_tiles, args.dtype, key=args.linear_key, kind=args.linear_kind).items():
             print(f"linear {label:25s} {usage}")
         return
-    for label, usage in resource_usage(args.key, args.dtype, args.block_f, args.dbwd_only, args.maxnreg, args.only).items():
-        print(f"{label:32s} {usage}")
+    try:
+        usage = resource_usage(args.key, args.dtype, args.block_f, args.dbwd_only, args.maxnreg, args.only)
+    except ValueError as exc:
+        parser.error(str(exc))
+    for label, line in usage.items():
+        print(f"{label:32s} {line}")
 
 
 if __name__ == "__main__":
