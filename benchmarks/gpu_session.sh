@@ -131,7 +131,8 @@
 #   ncu      one GPU: hardware counters per kernel (ncu) of the compiled force call and training step (about 9 minutes)
 #   ncu2     one GPU: part ncu's training step and i3c3f64l2 force call, products, linear maps and GEMMs only (about 6 minutes)
 #   ncu3     one GPU: i2c3f20l2r's force call, each product launch under ncu (about 2 minutes)
-#   pathgroups one GPU: parity of path groups, auto splits and conv-l3; the kernels with path groups off and on (about 9 minutes)
+#   pathgroups (removed with FLASHCART_BWD_PATH_GROUPS, 2026-12-04: RESULTS.md) one GPU: parity and kernels of path groups
+#   splitsparity one GPU, the next session's first call: GPU parity of the auto walk splits, the split walks and conv-l3 (about 8 minutes)
 #   splitsauto one GPU: FLASHCART_TP_SPLITS=auto: the products under ncu, the force call against 1 split (about 5 minutes)
 #   splitsautotrain one GPU: the trainer's step with FLASHCART_TP_SPLITS 1 and auto (about 9 minutes)
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
@@ -870,19 +871,15 @@ ncu3)
   # bytes: which variant of each kernel runs where; about 2 minutes)
   ncu_calls 150 "regex:tp_|expansion" "i2c3f20l2r inference"
   ;;
-pathgroups)
-  # the next session's first call: GPU parity of this session's two experiments (tp_bwd_csr's paths split by output
-  # rank, FLASHCART_BWD_PATH_GROUPS; walk splits by path count, FLASHCART_TP_SPLITS=auto) and of the fused double
-  # backward's owed conv-l3 case, then the convolution kernels with path groups off and on at 1 and 2 walk
-  # splits (about 9 minutes)
+splitsparity)
+  # the next session's first call: GPU parity of the default auto walk splits (the 4-path convolution split 4 ways,
+  # to second order in float64), the split walks and the fused double backward's conv-l3 case (it needs about
+  # 180 s to compile and run: 2026-12-04), then the convolution kernels at the defaults (about 8 minutes)
   T=tests/cartesian/test_triton_parity.py
-  gpu_tests 0 "$T::test_path_groups_equal_the_reference $T::test_auto_split_walks_equal_the_reference:120" \
-    "tests/cartesian/test_fused_double_backward.py::test_fused_double_backward_parity_on_gpu[conv-l3]:150" > "$out/tests.log" 2>&1
-  for g in 0 1; do
-    echo "=== FLASHCART_BWD_PATH_GROUPS=$g"
-    FLASHCART_BWD_PATH_GROUPS=$g timeout 140 python3 benchmarks/kernels.py --features 20 64 --out-l-max 3 --backends triton \
-      --dbwd fused --row-sums atomic --splits 1 2
-  done > "$out/kernels_path_groups.log" 2>&1
+  gpu_tests 0 "$T::test_auto_split_walks_equal_the_reference $T::test_split_walks_equal_the_reference:200" \
+    "tests/cartesian/test_fused_double_backward.py::test_fused_double_backward_parity_on_gpu[conv-l3]:240" > "$out/tests.log" 2>&1
+  timeout 60 python3 benchmarks/kernels.py --features 20 --out-l-max 3 --backends triton --dbwd fused --row-sums atomic \
+    > "$out/kernels.log" 2>&1
   ;;
 splitsauto)
   # FLASHCART_TP_SPLITS=auto (walk splits by path count: the 4-path first convolution split 4 ways): the products'

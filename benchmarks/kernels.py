@@ -17,7 +17,8 @@ receiver pass split by output rank over a grid axis: two launches, no register s
 ``FLASHCART_FUSED_CSR_BACKWARD`` (one pass per sender, ``tp_bwd_csr``, against the two kernels).
 ``--splits 1 2 4`` times the Triton kernels with each node's edges walked by that many programs
 in every walk (``FLASHCART_TP_SPLITS`` and ``FLASHCART_DBWD_SPLITS``; default: the environment's
-settings; the table's column says forward-and-backward / double-backward splits).
+settings, ``auto`` by default: see ``common.auto_splits``; the table's column says the
+forward-and-backward / double-backward splits of the timed product).
 ``--row-sums atomic pass`` gives the Triton kernels per-pair weights instead (the radial MLP's
 rows, one per pair of reverse edges, read by both edges through ``WeightRows``, as the model runs
 them) and times each way of summing the weights' gradient into rows in turn
@@ -251,7 +252,7 @@ def main() -> None:
             row = dict(
                 F=F,
                 backend=backend,
-                splits=f"{common.TP_SPLITS}/{common.DBWD_SPLITS}",
+                splits=f"{common.walk_splits(True, tp.n_paths)}/{common.DBWD_SPLITS}",
                 rows=row_sum or "edge",
                 paths=tp.n_paths,
                 fwd_ms=t_f,

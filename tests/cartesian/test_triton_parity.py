@@ -235,10 +235,11 @@ def test_split_walks_equal_the_reference(splits, variant, device, monkeypatch):
     _compare_to_second_order(fn_ref, fn_tri, inputs, torch.float64)
 
 
-@pytest.mark.parametrize("variable, default", [("FLASHCART_TP_SPLITS", 1), ("FLASHCART_DBWD_SPLITS", 4)])
+@pytest.mark.parametrize("variable, default", [("FLASHCART_TP_SPLITS", None), ("FLASHCART_DBWD_SPLITS", 4)])
 def test_splits_mode_from_environment(variable, default, monkeypatch):
     from flashcart.cartesian._triton.common import AUTO_SPLITS, splits_mode
 
+    default = AUTO_SPLITS if default is None else default  # FLASHCART_TP_SPLITS: auto
     for raw, want in (("", default), ("1", 1), ("4", 4), ("16", 16)):
         monkeypatch.setenv(variable, raw)
         assert splits_mode(variable) == want
@@ -290,45 +291,13 @@ def test_auto_split_walks_equal_the_reference(device, monkeypatch):
     assert seen and set(seen) == {4}
 
 
-@needs_triton
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(
-    "variant",
-    ["edge attributes (input 2 summed in-kernel)", "input 2 per channel", "weight rows, 3 splits", "F70, channel blocks"],
-)
-def test_path_groups_equal_the_reference(variant, device, monkeypatch):
-    """``tp_bwd_csr`` with its paths split by output rank over grid axis 2 (``PATH_GROUPS``:
-    partial sums of input 1's gradient per group and split, of input 2's per group column block,
-    the weights' per path): forward and backward at 1e-12, double backward at 1e-10 in float64
-    against the PyTorch backend, with the grouped launch checked."""
-    import flashcart.cartesian._triton.common as common
-    import flashcart.cartesian._triton.ops as ops
-    import flashcart.cartesian._triton.signatures as signatures
-
-    monkeypatch.setattr(ops, "BWD_PATH_GROUPS", True)
-    monkeypatch.setattr(common, "TP_SPLITS", 3 if "splits" in variant else 1)
-    grids = []  # tp_bwd_csr's launches: grid and PATH_GROUPS
-    launch_kernel = signatures.launch_kernel
-
-    def spy(kernel, probe, grid, values, options):
-        if "PATH_GROUPS" in values:
-            grids.append((grid, values["PATH_GROUPS"]))
-        return launch_kernel(kernel, probe, grid, values, options)
-
-    monkeypatch.setattr(signatures, "launch_kernel", spy)
-    F = 70 if variant.startswith("F70") else 3
-    f2 = F if variant == "input 2 per channel" else 1
-    ref, tri = _pair(TensorProduct, 2, 3, 3, F, f2)
-    weights = "rows" if variant.startswith("weight rows") else "edge"
-    inputs, fn_ref, fn_tri = _conv_problem(ref, tri, device, seed=11, weights=weights)
-    _compare_to_second_order(fn_ref, fn_tri, inputs, torch.float64)
-    n_groups = len({p.l_out for p in tri.paths})
-    assert grids and all(grid[2] == n_groups and grouped for grid, grouped in grids)
-
-
 @pytest.mark.parametrize(
     "variable, reader, default",
-    [("FLASHCART_TP_PIPELINE", "_pipeline_mode", True), ("FLASHCART_BWD_PATH_GROUPS", "_bwd_path_groups_mode", False)],
+    [
+        ("FLASHCART_TP_PIPELINE", "_pipeline_mode", True),
+        ("FLASHCART_FUSED_CSR_BACKWARD", "_csr_backward_mode", True),
+        ("FLASHCART_LINEAR_UNIT", "_linear_unit_mode", True),
+    ],
 )
 def test_switch_modes_from_environment(variable, reader, default, monkeypatch):
     """The kernels' on/off switches: ``0``, ``1`` or unset (the default); anything else is an error naming the variable."""
@@ -520,28 +489,6 @@ def test_linear_kernel_compiles_for_sm90_without_spills():
         assert run.returncode == 0, run.stderr[-3000:]
         lines = [line for line in run.stdout.splitlines() if line.startswith("linear")]
         assert len(lines) == len(tiles) and all("STACK:0 " in line + " " and "LOCAL:0" in line for line in lines), run.stdout
-
-
-def test_csr_backward_setting_is_checked(monkeypatch):
-    from flashcart.cartesian._triton.ops import _csr_backward_mode
-
-    for raw, expected in (("1", True), ("0", False), ("", True)):
-        monkeypatch.setenv("FLASHCART_FUSED_CSR_BACKWARD", raw)
-        assert _csr_backward_mode() is expected
-    monkeypatch.setenv("FLASHCART_FUSED_CSR_BACKWARD", "yes")
-    with pytest.raises(ValueError, match="FLASHCART_FUSED_CSR_BACKWARD must be 0 or 1, got 'yes'"):
-        _csr_backward_mode()
-
-
-def test_linear_unit_setting_is_checked(monkeypatch):
-    from flashcart.cartesian._triton import ops
-
-    for raw, want in (("0", False), ("1", True), ("", True)):
-        monkeypatch.setenv("FLASHCART_LINEAR_UNIT", raw)
-        assert ops._linear_unit_mode() is want
-    monkeypatch.setenv("FLASHCART_LINEAR_UNIT", "yes")
-    with pytest.raises(ValueError, match="FLASHCART_LINEAR_UNIT must be 0 or 1, got 'yes'"):
-        ops._linear_unit_mode()
 
 
 @pytest.mark.skipif(not triton_available(), reason="needs triton")

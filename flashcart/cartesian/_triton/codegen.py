@@ -317,14 +317,13 @@ def _bwd_edge(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
     return L
 
 
-def _edge_grads(L, sel, indent, row: str, in2_l_max, load_w: bool, g2_block: str = "") -> None:
+def _edge_grads(L, sel, indent, row: str, in2_l_max, load_w: bool) -> None:
     """The ``NEED_G2`` and ``NEED_GW`` blocks: input 2's and the weights' gradients of edge/row
     ``row`` from ``a*``, ``b*`` and ``gop*`` (and ``w*``, loaded here with ``load_w``) for the
-    ``(pi, path)`` pairs of ``sel``; input 2's gradient goes ``g2_block`` elements into the row
-    (a path group's column block)."""
+    ``(pi, path)`` pairs of ``sel``."""
     inner = indent + _I
     L.append(f"{indent}if NEED_G2:")
-    ptr = f"g2_ptr + {row} * g2_row" + (f" + {g2_block}" if g2_block else "")
+    ptr = f"g2_ptr + {row} * g2_row"
     L += _grad_block(sel, "l2", inner, ptr, "b", in2_l_max, reduce_flag="REDUCE_G2", load_w=load_w)
     L.append(f"{indent}if NEED_GW:")
     L.append(f"{inner}if W_ROWS:")
@@ -373,13 +372,13 @@ def _grad_block(sel, attr, indent, ptr, vjp, l_max, reduce_flag=None, load_w=Tru
     return L
 
 
-def _sender_walk(L, sel, offsets, acc: str, hoist_w: bool, I: str = _I) -> None:
+def _sender_walk(L, sel, offsets, acc: str, hoist_w: bool) -> None:
     """Zeroed node-gradient accumulators ``{acc}{l}_{i}``, then the loop over a sender's edges
     (``perm``) with each edge's output cotangent ``go*`` (the blocks the paths of ``sel`` read),
     input 2 ``b*`` and weights ``w*`` loaded (all weights first with ``hoist_w``, else each before
     its path), accumulating input 1's gradient over the ``(pi, path)`` pairs of ``sel`` (the loop
-    starts at indent ``I``; its body continues one indent deeper)."""
-    II = I + _I
+    body continues at two indents)."""
+    I, II = _I, _I * 2
     paths = [p for _, p in sel]
     blocks = sorted({offsets[(pi, c)] for pi, p in sel for c in range(2 * p.l_out + 1)})
     for l in _ranks(paths, "l1"):
@@ -407,15 +406,15 @@ def _sender_walk(L, sel, offsets, acc: str, hoist_w: bool, I: str = _I) -> None:
             L.append(f"{II}{acc}{p.l1}_{i} += w{pi} * v{pi}_{i}")
 
 
-def _store_sender_grad(L, sel, in1_l_max, acc: str, I: str = _I, row: str = "oj") -> None:
-    """Store the sender's accumulated input-1 gradient in row ``row`` (zeros for ranks no path of
-    ``sel`` reaches)."""
+def _store_sender_grad(L, sel, in1_l_max, acc: str) -> None:
+    """Store the sender's accumulated input-1 gradient (zeros for ranks no path of ``sel``
+    reaches)."""
     ranks = _ranks([p for _, p in sel], "l1")
-    L.append(f"{I}pgo = g1_ptr + {row} * g1_row")
+    L.append(f"{_I}pgo = g1_ptr + oj * g1_row")
     for l in range(in1_l_max + 1):
         for i in range(2 * l + 1):
             value = f"{acc}{l}_{i}" if l in ranks else "tl.zeros([BLOCK_F], dtype=DT)"
-            L.append(f"{I}tl.store(pgo + {l * l + i} * F + f, {value}, mask=fm)")
+            L.append(f"{_I}tl.store(pgo + {l * l + i} * F + f, {value}, mask=fm)")
 
 
 def _bwd_x1_csr(paths, offsets, n_out, in1_l_max) -> list[str]:
@@ -427,40 +426,22 @@ def _bwd_x1_csr(paths, offsets, n_out, in1_l_max) -> list[str]:
 
 
 def rank_groups(paths) -> list[list[int]]:
-    """Path indices grouped by output rank, in rank order: the groups of ``tp_bwd_csr``'s
-    ``PATH_GROUPS`` and of the fused double backward's ``ROW_GROUPS``."""
+    """Path indices grouped by output rank, in rank order: the fused double backward's
+    ``ROW_GROUPS``."""
     ranks = sorted({p.l_out for p in paths})
     return [[i for i, p in enumerate(paths) if p.l_out == l] for l in ranks]
 
 
-def _bwd_csr_body(L, sel, in1_l_max, in2_l_max, offsets, I: str, group: int, n_groups: int) -> None:
-    """One sender walk of ``tp_bwd_csr`` over the paths of ``sel``, at indent ``I``: input 1's
-    gradient in row ``group * programs + oj`` (a path group's partial sums, after the walk
-    splits'), input 2's in column block ``group`` of its row (``g2_row // n_groups`` wide), the
-    weights' per path."""
-    _sender_walk(L, sel, offsets, "h", hoist_w=True, I=I)
-    # the sender's row of input 1, read per edge (cached) rather than held in registers across the loop
-    _load_inputs(L, [p for _, p in sel], I + _I, need_b=False)
-    _edge_grads(L, sel, I + _I, "e", in2_l_max, load_w=False, g2_block=f"{group} * (g2_row // {n_groups})" if group else "")
-    row = f"(oj + {group} * tl.cast(tl.num_programs(0), tl.int64))" if group else "oj"
-    _store_sender_grad(L, sel, in1_l_max, "h", I=I, row=row)
-
-
 def _bwd_csr(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
-    """The sender walk computing input 1's gradient with input 2's and the weights' per edge. With
-    ``PATH_GROUPS`` grid axis 2 splits the paths by output rank (:func:`rank_groups`): each program
-    holds one rank's output cotangent, weights and products (fewer registers per thread), and
-    writes partial sums for input 1 and input 2 that the launcher adds."""
-    I, II = _I, _I * 2
-    L = TP_BWD_CSR.header(I) + sender_prologue(I)
-    L += [f"{I}f1 = f * F1S", f"{I}pa = x1_ptr + j * x1_row"]
-    groups = rank_groups(paths)
-    L += [f"{I}if PATH_GROUPS:", f"{II}grp = tl.program_id(2)"]
-    for g, idx in enumerate(groups):
-        L.append(f"{II}if grp == {g}:")
-        _bwd_csr_body(L, [(i, paths[i]) for i in idx], in1_l_max, in2_l_max, offsets, II + _I, g, len(groups))
-    L.append(f"{I}else:")
-    _bwd_csr_body(L, list(enumerate(paths)), in1_l_max, in2_l_max, offsets, II, 0, 1)
+    """The sender walk computing input 1's gradient with input 2's and the weights' per edge."""
+    L = TP_BWD_CSR.header(_I) + sender_prologue(_I)
+    L += [f"{_I}f1 = f * F1S", f"{_I}pa = x1_ptr + j * x1_row"]
+    sel = list(enumerate(paths))
+    _sender_walk(L, sel, offsets, "h", hoist_w=True)
+    # the sender's row of input 1, read per edge (cached) rather than held in registers across the loop
+    _load_inputs(L, paths, _I * 2, need_b=False)
+    _edge_grads(L, sel, _I * 2, "e", in2_l_max, load_w=False)
+    _store_sender_grad(L, sel, in1_l_max, "h")
     return L
 
 
@@ -472,7 +453,6 @@ def generate_product_source(paths: list[Path], in1_l_max: int, in2_l_max: int, o
         "import triton",
         "import triton.language as tl",
         f"N_OUT_BLOCKS = {n_out}",
-        f"N_PATH_GROUPS = {len(rank_groups(paths))}",
         "",
     ]
     lines += _fwd(paths, offsets, n_out) + [""]

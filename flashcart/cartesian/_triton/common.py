@@ -87,15 +87,16 @@ def reduce_channels(g: Tensor, comps: int, n_channels: int) -> Tensor:
 
 _MAX_SPLITS = 16
 # variable -> default: the forward's and backward's node walks, the fused double backward's
-_SPLITS_DEFAULTS = {"FLASHCART_TP_SPLITS": 1, "FLASHCART_DBWD_SPLITS": 4}
+_SPLITS_DEFAULTS = {"FLASHCART_TP_SPLITS": "auto", "FLASHCART_DBWD_SPLITS": 4}
 AUTO_SPLITS = 0  # FLASHCART_TP_SPLITS=auto: splits by the product's path count (auto_splits)
 
 
 def splits_mode(variable: str = "FLASHCART_TP_SPLITS") -> int:
     """How many programs walk each node's edges in the convolution kernels (``SPLITS``), an
-    integer from 1 to 16: ``FLASHCART_TP_SPLITS`` for the forward and the backward (default 1),
+    integer from 1 to 16: ``FLASHCART_TP_SPLITS`` for the forward and the backward,
     ``FLASHCART_DBWD_SPLITS`` for the fused double backward (default 4). ``FLASHCART_TP_SPLITS``
-    also takes ``auto`` (returned as :data:`AUTO_SPLITS`: :func:`auto_splits` per product).
+    also takes ``auto``, its default (returned as :data:`AUTO_SPLITS`: :func:`auto_splits` per
+    product).
     Anything else is an error naming the variable. On the H200 (i2c3f20l2r's convolution,
     1000-atom diamond, 20 channels) 4 splits took the double backward from 2.013 to 1.191 ms,
     while the forward (0.148 -> 0.177 ms) and the backward (0.464 -> 0.487 ms) were slower split
@@ -115,7 +116,9 @@ def auto_splits(n_paths: int) -> int:
     thread, so more programs fit than the one warp per node that an unsplit walk launches (on the
     H200, i2c3f20l2r's first convolution, 4 paths at 64 registers, ran 7.6 warps per
     multiprocessor where 32 fit, at 11 % of the copy roofline; its 17-path second convolution's
-    backward is register-bound at 255: RESULTS.md, 2026-12-04). Not the default until timed."""
+    backward is register-bound at 255: RESULTS.md, 2026-12-04). The default: on the H200 it took
+    that forward from 0.089 to 0.057 ms, i2c3f20l2r's reduce-overhead force call from 2.452 to
+    2.437 ms and its training step from 6.968 to 6.796 ms (RESULTS.md, 2026-12-04, later)."""
     return max(1, min(4, 16 // max(n_paths, 1)))
 
 

@@ -72,24 +72,6 @@ def _csr_backward_mode() -> bool:
 FUSED_CSR_BACKWARD = _csr_backward_mode()
 
 
-def _bwd_path_groups_mode() -> bool:
-    """``FLASHCART_BWD_PATH_GROUPS``: ``1`` splits ``tp_bwd_csr``'s paths by output rank over a
-    grid axis (one program per sender, channel block and rank: fewer registers per thread, the
-    edge operands read once per group, input 1's and input 2's gradients summed over the groups
-    after the kernel); ``0`` (default) runs every path in one program. On the H200 the second
-    convolution's backward holds 255 registers per thread, 8 warps per multiprocessor, at 24 %
-    of the copy roofline (RESULTS.md, 2026-12-04); the grouped layout is an experiment, not yet
-    timed on the GPU."""
-    raw = os.environ.get("FLASHCART_BWD_PATH_GROUPS", "0").strip() or "0"
-    if raw not in ("0", "1"):
-        raise ValueError(f"environment variable FLASHCART_BWD_PATH_GROUPS must be 0 or 1, got {raw!r}")
-    return raw == "1"
-
-
-# Read at import; tests and benchmarks flip the module attribute.
-BWD_PATH_GROUPS = _bwd_path_groups_mode()
-
-
 def _pipeline_mode() -> bool:
     """``FLASHCART_TP_PIPELINE``: ``1`` (default) runs the convolution forward's receiver walk
     software pipelined (each step loads the next edge's operands before it computes the current
@@ -205,17 +187,14 @@ def tp_bwd(
     shared = w.dim() == 1
     dev, dt = x2.device, x2.dtype
     splits = _walk_splits(conv, spec.n_paths)  # the sender walks (input 1's gradient) write partial sums per split
-    # convolution with input 1's gradient and another: one pass per sender (tp_bwd_csr), its paths
-    # optionally split by output rank (groups: partial sums of input 1's and input 2's gradients)
+    # convolution with input 1's gradient and another: one pass per sender (tp_bwd_csr)
     fused = conv and need_x1 and (need_x2 or need_w) and FUSED_CSR_BACKWARD and not shared and F > 0
     mod = product_module(key)
-    groups = mod.N_PATH_GROUPS if fused and BWD_PATH_GROUPS else 1
-    g1 = torch.empty(groups * splits * x1.shape[0], spec.in1_comps * F, dtype=dt, device=dev) if need_x1 else x1.new_empty(0)
+    g1 = torch.empty(splits * x1.shape[0], spec.in1_comps * F, dtype=dt, device=dev) if need_x1 else x1.new_empty(0)
     # A broadcast input 2 (one channel, the edge attributes) gets its channel sum in-kernel:
     # one program then covers every channel.
     reduce_g2 = need_x2 and f2 == 1 and F > 1 and F <= 256
-    g2_width = spec.in2_comps * (1 if reduce_g2 else F)
-    g2 = torch.empty(rows, groups * g2_width, dtype=dt, device=dev) if need_x2 else x2.new_empty(0)
+    g2 = torch.empty(rows, spec.in2_comps * (1 if reduce_g2 else F), dtype=dt, device=dev) if need_x2 else x2.new_empty(0)
     in_rows = _rows_in_kernel(widx)
     if not need_w:
         gw = w.new_empty(0)
@@ -247,7 +226,6 @@ def tp_bwd(
             need_w,
             reduce_g2,
             splits,
-            groups,
         )
     elif not guard_or_false(rows == 0) and F and (need_x2 or need_w or (need_x1 and not conv)):
         unused = go  # any tensor: pointer arguments the kernel does not read (their NEED_*/CONV flag is off)
@@ -317,9 +295,7 @@ def tp_bwd(
     elif need_x1 and conv and not fused:
         g1.zero_()
     if need_x1:
-        g1 = _reduce_channels(_sum_splits(g1, groups * splits), spec.in1_comps, f1)
-    if need_x2 and groups > 1:
-        g2 = g2.view(rows, groups, g2_width).sum(1)
+        g1 = _reduce_channels(_sum_splits(g1, splits), spec.in1_comps, f1)
     if need_x2 and not reduce_g2:
         g2 = _reduce_channels(g2, spec.in2_comps, f2)
     if need_w and shared:
@@ -327,21 +303,18 @@ def tp_bwd(
     return g1, g2, gw
 
 
-def _bwd_csr(
-    mod, go, x1, x2, w, widx, wrows, g1, g2, gw, receivers, perm, srowptr, f1, f2, F, need_x2, need_w, reduce_g2, splits, groups
-) -> None:
+def _bwd_csr(mod, go, x1, x2, w, widx, wrows, g1, g2, gw, receivers, perm, srowptr, f1, f2, F, need_x2, need_w, reduce_g2, splits) -> None:
     """Launch ``tp_bwd_csr``: ``splits`` programs per sender (and channel block; a single block
-    covering every channel when input 2's gradient is summed over channels in-kernel; and path
-    group, ``groups > 1``: ``PATH_GROUPS``), input 1's gradient as partial sums in
-    ``g1 [groups * splits * nodes, ...]``, input 2's in ``groups`` column blocks of ``g2``;
-    ``wrows`` given: the weight gradient is summed into rows (``W_ROWS``)."""
+    covering every channel when input 2's gradient is summed over channels in-kernel), input 1's
+    gradient as partial sums in ``g1 [splits * nodes, ...]``; ``wrows`` given: the weight
+    gradient is summed into rows (``W_ROWS``)."""
     if guard_or_false(x1.shape[0] == 0):
         return
     block = _next_pow2(F) if reduce_g2 else _block_f(F)[0]
     unused = go  # pointer arguments the kernel does not read (their NEED_* flag is off)
     TP_BWD_CSR.launch(
         mod,
-        (splits * x1.shape[0], _cdiv(F, block), groups),
+        (splits * x1.shape[0], _cdiv(F, block)),
         num_warps=max(1, block // 32),
         go_ptr=go,
         x1_ptr=x1,
@@ -372,7 +345,6 @@ def _bwd_csr(
         NEED_G2=need_x2,
         NEED_GW=need_w,
         REDUCE_G2=reduce_g2,
-        PATH_GROUPS=groups > 1,
         SPLITS=splits,
         BLOCK_F=block,
         DT=_DT[x2.dtype],

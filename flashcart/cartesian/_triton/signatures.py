@@ -156,13 +156,11 @@ TP_BWD_X1_CSR = KernelSignature(
 )
 # The convolution backward in one pass per sender: the gradient of input 1 (as tp_bwd_x1_csr) and,
 # for each of the sender's edges, those of input 2 and the weights (as tp_bwd_edge), every edge
-# operand read once. PATH_GROUPS: grid axis 2 splits the paths by output rank (N_PATH_GROUPS
-# groups, fewer registers per program); input 1's gradient is then a partial sum per group in
-# rows group * (SPLITS * nodes) + row, input 2's in column block group of its row.
+# operand read once.
 TP_BWD_CSR = KernelSignature(
     "tp_bwd_csr",
     args=(*_BWD_TENSORS, "srowptr_ptr", "perm_ptr", "recv_ptr", *_BWD_ROWS, *_CHANNELS),
-    constexprs=("W_INDEX", "W_ROWS", "NEED_G2", "NEED_GW", "REDUCE_G2", "PATH_GROUPS", "SPLITS", "BLOCK_F", "DT"),
+    constexprs=("W_INDEX", "W_ROWS", "NEED_G2", "NEED_GW", "REDUCE_G2", "SPLITS", "BLOCK_F", "DT"),
 )
 
 # Fused double backward (codegen_double.generate_double_backward_source, its own module per
