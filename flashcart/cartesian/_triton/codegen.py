@@ -278,10 +278,8 @@ def _fwd_messages(paths, offsets, indent: str, load_w: bool = False) -> list[str
     return L
 
 
-def _alias_go(lines, sel, offsets, indent):
-    """``gop{pi}_{c}``: the output-cotangent block of path ``pi``'s component ``c``, for the
-    ``(pi, path)`` pairs of ``sel``."""
-    for pi, p in sel:
+def _alias_go(lines, paths, offsets, indent):
+    for pi, p in enumerate(paths):
         for c in range(2 * p.l_out + 1):
             lines.append(f"{indent}gop{pi}_{c} = go{offsets[(pi, c)]}")
 
@@ -306,35 +304,32 @@ def _bwd_edge(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
         f"{I}pb = x2_ptr + r * x2_row",
         *weight_row(I, "r"),
     ]
-    sel = list(enumerate(paths))
     L += [I + _load(f"go{k}", "pg", f"{k} * F", "f") for k in range(n_out)]
-    _alias_go(L, sel, offsets, I)
+    _alias_go(L, paths, offsets, I)
     _load_inputs(L, paths, I)
     # gradient of input 1 (dense mode only)
     L.append(f"{I}if NEED_G1:")
-    L += _grad_block(sel, "l1", II, "g1_ptr + r * g1_row", "a", in1_l_max)
-    _edge_grads(L, sel, I, "r", in2_l_max, load_w=True)
+    L += _grad_block(paths, "l1", II, "g1_ptr + r * g1_row", "a", in1_l_max)
+    _edge_grads(L, paths, I, "r", in2_l_max, load_w=True)
     return L
 
 
-def _edge_grads(L, sel, indent, row: str, in2_l_max, load_w: bool) -> None:
+def _edge_grads(L, paths, indent, row: str, in2_l_max, load_w: bool) -> None:
     """The ``NEED_G2`` and ``NEED_GW`` blocks: input 2's and the weights' gradients of edge/row
-    ``row`` from ``a*``, ``b*`` and ``gop*`` (and ``w*``, loaded here with ``load_w``) for the
-    ``(pi, path)`` pairs of ``sel``."""
+    ``row`` from ``a*``, ``b*`` and ``gop*`` (and ``w*``, loaded here with ``load_w``)."""
     inner = indent + _I
     L.append(f"{indent}if NEED_G2:")
-    ptr = f"g2_ptr + {row} * g2_row"
-    L += _grad_block(sel, "l2", inner, ptr, "b", in2_l_max, reduce_flag="REDUCE_G2", load_w=load_w)
+    L += _grad_block(paths, "l2", inner, f"g2_ptr + {row} * g2_row", "b", in2_l_max, reduce_flag="REDUCE_G2", load_w=load_w)
     L.append(f"{indent}if NEED_GW:")
     L.append(f"{inner}if W_ROWS:")
     L += listed_mask(inner + _I, row)
-    for pi, p in sel:
+    for pi, p in enumerate(paths):
         L += [inner + s for s in bilinear_lines(product_table(p.l1, p.l2, p.l_out), f"a{p.l1}_", f"b{p.l2}_", f"t{pi}_", _lit)]
         L.append(f"{inner}gwv{pi} = " + " + ".join(f"gop{pi}_{c} * t{pi}_{c}" for c in range(2 * p.l_out + 1)))
         L += weight_grad_out(inner, "gw_ptr", row, "gw_row", pi, f"gwv{pi}")
 
 
-def _grad_block(sel, attr, indent, ptr, vjp, l_max, reduce_flag=None, load_w=True) -> list[str]:
+def _grad_block(paths, attr, indent, ptr, vjp, l_max, reduce_flag=None, load_w=True) -> list[str]:
     """Accumulate ``sum_p w_p * VJP_p`` for input ``a`` (vjp='a') or ``b`` and store all ranks.
 
     With ``reduce_flag`` set at run time the input is broadcast (one channel) and the
@@ -342,11 +337,11 @@ def _grad_block(sel, attr, indent, ptr, vjp, l_max, reduce_flag=None, load_w=Tru
     weights ``w{p}`` are loaded already.
     """
     L = []
-    ranks = _ranks([p for _, p in sel], attr)
+    ranks = _ranks(paths, attr)
     for l in ranks:
         for i in range(2 * l + 1):
             L.append(f"{indent}g{l}_{i} = tl.zeros([BLOCK_F], dtype=DT)")
-    for pi, p in sel:
+    for pi, p in enumerate(paths):
         if load_w:
             L.append(indent + _load(f"w{pi}", "pw", f"{pi} * F", "f"))
         if vjp == "a":
@@ -372,15 +367,12 @@ def _grad_block(sel, attr, indent, ptr, vjp, l_max, reduce_flag=None, load_w=Tru
     return L
 
 
-def _sender_walk(L, sel, offsets, acc: str, hoist_w: bool) -> None:
+def _sender_walk(L, paths, offsets, n_out, acc: str, hoist_w: bool) -> None:
     """Zeroed node-gradient accumulators ``{acc}{l}_{i}``, then the loop over a sender's edges
-    (``perm``) with each edge's output cotangent ``go*`` (the blocks the paths of ``sel`` read),
-    input 2 ``b*`` and weights ``w*`` loaded (all weights first with ``hoist_w``, else each before
-    its path), accumulating input 1's gradient over the ``(pi, path)`` pairs of ``sel`` (the loop
-    body continues at two indents)."""
+    (``perm``) with each edge's output cotangent ``go*``, input 2 ``b*`` and weights ``w*`` loaded
+    (all weights first with ``hoist_w``, else each before its path), accumulating input 1's
+    gradient (the loop body continues at two indents)."""
     I, II = _I, _I * 2
-    paths = [p for _, p in sel]
-    blocks = sorted({offsets[(pi, c)] for pi, p in sel for c in range(2 * p.l_out + 1)})
     for l in _ranks(paths, "l1"):
         for i in range(2 * l + 1):
             L.append(f"{I}{acc}{l}_{i} = tl.zeros([BLOCK_F], dtype=DT)")
@@ -392,12 +384,12 @@ def _sender_walk(L, sel, offsets, acc: str, hoist_w: bool) -> None:
         f"{II}pb = x2_ptr + e * x2_row",
         *weight_row(II, "e"),
     ]
-    L += [II + _load(f"go{k}", "pg", f"{k} * F", "f") for k in blocks]
-    _alias_go(L, sel, offsets, II)
+    L += [II + _load(f"go{k}", "pg", f"{k} * F", "f") for k in range(n_out)]
+    _alias_go(L, paths, offsets, II)
     _load_inputs(L, paths, II, need_a=False)
     if hoist_w:
-        L += [II + _load(f"w{pi}", "pw", f"{pi} * F", "f") for pi, _ in sel]
-    for pi, p in sel:  # input 1's gradient, accumulated over the sender's edges
+        L += [II + _load(f"w{pi}", "pw", f"{pi} * F", "f") for pi in range(len(paths))]
+    for pi, p in enumerate(paths):  # input 1's gradient, accumulated over the sender's edges
         if not hoist_w:
             L.append(II + _load(f"w{pi}", "pw", f"{pi} * F", "f"))
         table = product_vjp_a_table(p.l1, p.l2, p.l_out)
@@ -406,10 +398,9 @@ def _sender_walk(L, sel, offsets, acc: str, hoist_w: bool) -> None:
             L.append(f"{II}{acc}{p.l1}_{i} += w{pi} * v{pi}_{i}")
 
 
-def _store_sender_grad(L, sel, in1_l_max, acc: str) -> None:
-    """Store the sender's accumulated input-1 gradient (zeros for ranks no path of ``sel``
-    reaches)."""
-    ranks = _ranks([p for _, p in sel], "l1")
+def _store_sender_grad(L, paths, in1_l_max, acc: str) -> None:
+    """Store the sender's accumulated input-1 gradient (zeros for ranks no path reaches)."""
+    ranks = _ranks(paths, "l1")
     L.append(f"{_I}pgo = g1_ptr + oj * g1_row")
     for l in range(in1_l_max + 1):
         for i in range(2 * l + 1):
@@ -419,9 +410,8 @@ def _store_sender_grad(L, sel, in1_l_max, acc: str) -> None:
 
 def _bwd_x1_csr(paths, offsets, n_out, in1_l_max) -> list[str]:
     L = TP_BWD_X1_CSR.header(_I) + sender_prologue(_I)
-    sel = list(enumerate(paths))
-    _sender_walk(L, sel, offsets, "g", hoist_w=False)
-    _store_sender_grad(L, sel, in1_l_max, "g")
+    _sender_walk(L, paths, offsets, n_out, "g", hoist_w=False)
+    _store_sender_grad(L, paths, in1_l_max, "g")
     return L
 
 
@@ -433,15 +423,14 @@ def rank_groups(paths) -> list[list[int]]:
 
 
 def _bwd_csr(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
-    """The sender walk computing input 1's gradient with input 2's and the weights' per edge."""
     L = TP_BWD_CSR.header(_I) + sender_prologue(_I)
+    II = _I * 2
     L += [f"{_I}f1 = f * F1S", f"{_I}pa = x1_ptr + j * x1_row"]
-    sel = list(enumerate(paths))
-    _sender_walk(L, sel, offsets, "h", hoist_w=True)
+    _sender_walk(L, paths, offsets, n_out, "h", hoist_w=True)
     # the sender's row of input 1, read per edge (cached) rather than held in registers across the loop
-    _load_inputs(L, paths, _I * 2, need_b=False)
-    _edge_grads(L, sel, _I * 2, "e", in2_l_max, load_w=False)
-    _store_sender_grad(L, sel, in1_l_max, "h")
+    _load_inputs(L, paths, II, need_b=False)
+    _edge_grads(L, paths, II, "e", in2_l_max, load_w=False)
+    _store_sender_grad(L, paths, in1_l_max, "h")
     return L
 
 
