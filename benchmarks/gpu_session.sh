@@ -132,6 +132,7 @@
 #   ncu2     one GPU: part ncu's training step and i3c3f64l2 force call, products, linear maps and GEMMs only (about 6 minutes)
 #   ncu3     one GPU: i2c3f20l2r's force call, each product launch under ncu (about 2 minutes)
 #   pathgroups (removed with FLASHCART_BWD_PATH_GROUPS, 2026-12-04: RESULTS.md) one GPU: parity and kernels of path groups
+#   prefetch one GPU: the node walks' index prefetch: GPU parity, kernels off/on, force call and training step off/on
 #   splitsparity one GPU, the next session's first call: GPU parity of the auto walk splits, the split walks and conv-l3 (about 8 minutes)
 #   splitsauto one GPU: FLASHCART_TP_SPLITS=auto: the products under ncu, the force call against 1 split (about 5 minutes)
 #   splitsautotrain one GPU: the trainer's step with FLASHCART_TP_SPLITS 1 and auto (about 9 minutes)
@@ -183,13 +184,18 @@ ncu_calls() {  # SECONDS KERNEL_FILTER ("": every kernel) "MODEL PHASE"...: each
   tar czf "$out/ncu_csv.tgz" -C /tmp $(cd /tmp && ls ncu_*.csv)
 }
 
-splits_ab() {  # SECONDS [radial_pairs options]: i2c3f20l2r's reduce-overhead calls per pair with FLASHCART_TP_SPLITS 1, then auto
-  local t=$1; shift
-  for n in 1 auto; do
-    echo "=== FLASHCART_TP_SPLITS=$n"
-    FLASHCART_TP_SPLITS=$n TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 timeout "$t" python3 benchmarks/radial_pairs.py --device cuda \
+env_ab() {  # VARIABLE "VALUES" SECONDS [radial_pairs options]: i2c3f20l2r's reduce-overhead calls per pair, a process per value
+  local var=$1 values=$2 t=$3; shift 3
+  for n in $values; do
+    echo "=== $var=$n"
+    env "$var=$n" TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 timeout "$t" python3 benchmarks/radial_pairs.py --device cuda \
       --model i2c3f20l2r --structure diamond --calls reduce-overhead --setting pair --rounds 7 --calls-per-round 20 "$@"
   done
+}
+
+splits_ab() {  # SECONDS [radial_pairs options]: FLASHCART_TP_SPLITS 1, then auto
+  local t=$1; shift
+  env_ab FLASHCART_TP_SPLITS "1 auto" "$t" "$@"
 }
 
 profile_run() {  # MODEL (S or L) MODE (eager or a compile mode) PHASE SECONDS: the profiler on the diamond cell
@@ -881,6 +887,15 @@ splitsparity)
   timeout 60 python3 benchmarks/kernels.py --features 20 --out-l-max 3 --backends triton --dbwd fused --row-sums atomic \
     > "$out/kernels.log" 2>&1
   ;;
+prefetch)
+  # the node walks' index prefetch (FLASHCART_INDEX_PREFETCH): its GPU parity (float64, to second order), the published
+  # convolution's kernels with it off and on (F = 20 and 64), then i2c3f20l2r's reduce-overhead force call, a process
+  # per setting (about 7 minutes)
+  gpu_tests 0 "tests/cartesian/test_triton_parity.py::test_index_prefetch_equals_the_reference:150" > "$out/tests.log" 2>&1
+  timeout 150 python3 benchmarks/kernels.py --features 20 64 --out-l-max 3 --backends triton --dbwd fused --row-sums atomic \
+    --prefetch 0 1 > "$out/kernels.log" 2>&1
+  env_ab FLASHCART_INDEX_PREFETCH "0 1" 100 > "$out/calls_prefetch.log" 2>&1
+  ;;
 splitsauto)
   # FLASHCART_TP_SPLITS=auto (walk splits by path count: the 4-path first convolution split 4 ways): the products'
   # launches under ncu with auto, then i2c3f20l2r's reduce-overhead force call with 1 and auto splits (a process
@@ -917,7 +932,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, pathgroups, splitsauto, splitsautotrain, geomdump or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, pathgroups, splitsauto, splitsautotrain, splitsparity, prefetch, geomdump or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

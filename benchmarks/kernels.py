@@ -19,6 +19,8 @@ receiver pass split by output rank over a grid axis: two launches, no register s
 in every walk (``FLASHCART_TP_SPLITS`` and ``FLASHCART_DBWD_SPLITS``; default: the environment's
 settings, ``auto`` by default: see ``common.auto_splits``; the table's column says the
 forward-and-backward / double-backward splits of the timed product).
+``--prefetch 0 1`` times the Triton kernels with the node walks' index prefetch off and on in turn
+(``FLASHCART_INDEX_PREFETCH``: the sender walks load ``perm``/``recv`` of the next edges ahead).
 ``--row-sums atomic pass`` gives the Triton kernels per-pair weights instead (the radial MLP's
 rows, one per pair of reverse edges, read by both edges through ``WeightRows``, as the model runs
 them) and times each way of summing the weights' gradient into rows in turn
@@ -180,6 +182,14 @@ def main() -> None:
         choices=["atomic", "pass"],
         help="Triton: per-pair weight rows, the weights' gradient summed into rows each of these ways in turn",
     )
+    parser.add_argument(
+        "--prefetch",
+        nargs="+",
+        type=int,
+        choices=[0, 1],
+        default=None,
+        help="Triton: time the kernels with the node walks' index prefetch off (0) and on (1) in turn (FLASHCART_INDEX_PREFETCH)",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if args.splits and not all(1 <= n <= 16 for n in args.splits):
@@ -201,15 +211,18 @@ def main() -> None:
     print(f"atoms {n}, edges {E}, copy bandwidth {bw / 1e12:.2f} TB/s")
     rows = []
     runs = [
-        (b, S, R)
+        (b, S, R, P)
         for b in args.backends
         for S in (args.splits or [None] if b == "triton" else [None])
         for R in (args.row_sums or [None] if b == "triton" else [None])
+        for P in (args.prefetch or [None] if b == "triton" else [None])
     ]
     for F in args.features:
-        for backend, splits, row_sum in runs:
+        for backend, splits, row_sum, prefetch in runs:
             if splits is not None:  # every walk split alike; else the environment's settings
                 common.TP_SPLITS = common.DBWD_SPLITS = splits
+            if prefetch is not None:
+                common.INDEX_PREFETCH = bool(prefetch)
             if row_sum is not None:
                 row_sums.IN_KERNEL = row_sum != "pass"
             rows_arg = pair_rows if row_sum is not None else None
@@ -254,6 +267,7 @@ def main() -> None:
                 backend=backend,
                 splits=f"{common.walk_splits(True, tp.n_paths)}/{common.DBWD_SPLITS}",
                 rows=row_sum or "edge",
+                prefetch=int(common.INDEX_PREFETCH),
                 paths=tp.n_paths,
                 fwd_ms=t_f,
                 bwd_ms=t_b,
@@ -268,17 +282,19 @@ def main() -> None:
                 dbwd_roofline=b_d / (first * 1e-3) / bw,
             )
             rows.append(row)
-            print(f"F={F} {backend} splits={row['splits']} rows={row['rows']}: fwd {t_f:.3f} bwd {t_b:.3f} dbwd {first:.3f} ms", flush=True)
+            what = f"F={F} {backend} splits={row['splits']} rows={row['rows']} prefetch={row['prefetch']}"
+            print(f"{what}: fwd {t_f:.3f} bwd {t_b:.3f} dbwd {first:.3f} ms", flush=True)
             del out, grads, s
             torch.cuda.empty_cache()
-    head = f"{'F':>4} {'backend':>7} {'splits':>6} {'rows':>6} {'fwd ms':>8} {'bwd ms':>8} {'dbwd ms':>8}"
+    head = f"{'F':>4} {'backend':>7} {'splits':>6} {'rows':>6} {'pref':>4} {'fwd ms':>8} {'bwd ms':>8} {'dbwd ms':>8}"
     head += f" {'fwd %bw':>8} {'bwd %bw':>8} {'dbwd %bw':>8}"
     other = "two kernels" if ops.FUSED_CSR_BACKWARD else "one pass per sender"
     print(head + f"  bwd {other} ms  dbwd by mode (x fwd)")
     for r in rows:
         modes = "  ".join(f"{m} {t:.3f} ({t / r['fwd_ms']:.1f}x)" for m, t in r["dbwd_modes_ms"].items())
         print(
-            f"{r['F']:4d} {r['backend']:>7} {r['splits']:>6} {r['rows']:>6} {r['fwd_ms']:8.3f} {r['bwd_ms']:8.3f} {r['dbwd_ms']:8.3f} "
+            f"{r['F']:4d} {r['backend']:>7} {r['splits']:>6} {r['rows']:>6} {r['prefetch']:4d} "
+            f"{r['fwd_ms']:8.3f} {r['bwd_ms']:8.3f} {r['dbwd_ms']:8.3f} "
             f"{100 * r['fwd_roofline']:7.1f}% {100 * r['bwd_roofline']:7.1f}% {100 * r['dbwd_roofline']:7.1f}%  "
             f"{'-' if r['bwd_other_ms'] is None else format(r['bwd_other_ms'], '.3f'):>8}  {modes}"
         )

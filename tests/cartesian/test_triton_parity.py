@@ -291,24 +291,49 @@ def test_auto_split_walks_equal_the_reference(device, monkeypatch):
     assert seen and set(seen) == {4}
 
 
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("splits, variant", [(1, "one-pass backward"), (1, "two-kernel backward"), (5, "weight rows")])
+def test_index_prefetch_equals_the_reference(splits, variant, device, monkeypatch):
+    """The node walks with and without their index prefetch (``FLASHCART_INDEX_PREFETCH``: the
+    sender walks of the backward and the double backward load ``perm``/``recv`` up to two edges
+    ahead, the double backward's receiver walk ``send`` one edge ahead) match the PyTorch backend
+    to second order in float64. With 5 splits some programs walk one edge or none, where the
+    prefetch's masked loads past the end are all there is."""
+    import flashcart.cartesian._triton.common as common
+    import flashcart.cartesian._triton.ops as ops
+
+    monkeypatch.setattr(common, "TP_SPLITS", splits)
+    monkeypatch.setattr(common, "DBWD_SPLITS", splits)
+    monkeypatch.setattr(ops, "FUSED_CSR_BACKWARD", variant != "two-kernel backward")
+    ref, tri = _pair(TensorProduct, 2, 3, 3, 3, 1)
+    weights = "rows" if variant == "weight rows" else "edge"
+    inputs, fn_ref, fn_tri = _conv_problem(ref, tri, device, seed=10, weights=weights)
+    for prefetch in (False, True):
+        monkeypatch.setattr(common, "INDEX_PREFETCH", prefetch)
+        _compare_to_second_order(fn_ref, fn_tri, inputs, torch.float64)
+
+
 @pytest.mark.parametrize(
-    "variable, reader, default",
+    "variable, module, reader, default",
     [
-        ("FLASHCART_TP_PIPELINE", "_pipeline_mode", True),
-        ("FLASHCART_FUSED_CSR_BACKWARD", "_csr_backward_mode", True),
-        ("FLASHCART_LINEAR_UNIT", "_linear_unit_mode", True),
+        ("FLASHCART_TP_PIPELINE", "ops", "_pipeline_mode", True),
+        ("FLASHCART_FUSED_CSR_BACKWARD", "ops", "_csr_backward_mode", True),
+        ("FLASHCART_LINEAR_UNIT", "ops", "_linear_unit_mode", True),
+        ("FLASHCART_INDEX_PREFETCH", "common", "_index_prefetch_mode", True),
     ],
 )
-def test_switch_modes_from_environment(variable, reader, default, monkeypatch):
+def test_switch_modes_from_environment(variable, module, reader, default, monkeypatch):
     """The kernels' on/off switches: ``0``, ``1`` or unset (the default); anything else is an error naming the variable."""
-    from flashcart.cartesian._triton import ops
+    import importlib
 
+    mod = importlib.import_module(f"flashcart.cartesian._triton.{module}")
     for raw, want in (("0", False), ("1", True), ("", default)):
         monkeypatch.setenv(variable, raw)
-        assert getattr(ops, reader)() is want
+        assert getattr(mod, reader)() is want
     monkeypatch.setenv(variable, "on")
     with pytest.raises(ValueError, match=f"{variable} must be 0 or 1, got 'on'"):
-        getattr(ops, reader)()
+        getattr(mod, reader)()
 
 
 @needs_triton

@@ -199,6 +199,48 @@ def sender_prologue(I: str) -> list[str]:
     ]
 
 
+def sender_edges_prologue(I: str) -> list[str]:
+    """Before a sender walk's loop (``PREFETCH``): the first edge ``e_a`` (``perm``) and its
+    receiver ``gi_a``, and the second edge ``e_b``. Masked loads: a sender may have no edges."""
+    II = I + _I
+    return [
+        f"{I}if PREFETCH:",
+        f"{II}k0 = tl.cast(start, tl.int64)",
+        f"{II}e_a = tl.load(perm_ptr + k0, mask=k0 < end, other=0)",
+        f"{II}gi_a = tl.load(recv_ptr + e_a, mask=k0 < end, other=0)",
+        f"{II}e_b = tl.load(perm_ptr + k0 + 1, mask=k0 + 1 < end, other=0)",
+    ]
+
+
+def sender_edges_head(I: str, e: str = "e") -> list[str]:
+    """First lines of a sender walk's step ``k``: its edge ``e`` and receiver ``gi``. With
+    ``PREFETCH`` both were loaded by the steps before (:func:`sender_edges_next`), so the
+    step's operand loads do not wait on the two dependent index loads ``perm[k]`` and
+    ``recv[perm[k]]``."""
+    II = I + _I
+    return [
+        f"{I}if PREFETCH:",
+        f"{II}{e} = e_a",
+        f"{II}gi = gi_a",
+        f"{I}else:",
+        f"{II}{e} = tl.load(perm_ptr + tl.cast(k, tl.int64))",
+        f"{II}gi = tl.load(recv_ptr + {e})",
+    ]
+
+
+def sender_edges_next(I: str) -> list[str]:
+    """After a sender walk step's operand loads (``PREFETCH``): the next edge's receiver (its
+    edge ``e_b`` came one step earlier) and the edge after it, a two-stage index pipeline."""
+    II = I + _I
+    return [
+        f"{I}if PREFETCH:",
+        f"{II}k2 = tl.cast(k, tl.int64) + 2",
+        f"{II}gi_a = tl.load(recv_ptr + e_b, mask=k2 - 1 < end, other=0)",
+        f"{II}e_a = e_b",
+        f"{II}e_b = tl.load(perm_ptr + k2, mask=k2 < end, other=0)",
+    ]
+
+
 def _operand_names(paths) -> list[str]:
     """The registers one edge step of the forward reads: input 1's and input 2's components and
     every path's weights (``a{l}_{i}``, ``b{l}_{j}``, ``w{p}``)."""
@@ -370,16 +412,17 @@ def _grad_block(paths, attr, indent, ptr, vjp, l_max, reduce_flag=None, load_w=T
 def _sender_walk(L, paths, offsets, n_out, acc: str, hoist_w: bool) -> None:
     """Zeroed node-gradient accumulators ``{acc}{l}_{i}``, then the loop over a sender's edges
     (``perm``) with each edge's output cotangent ``go*``, input 2 ``b*`` and weights ``w*`` loaded
-    (all weights first with ``hoist_w``, else each before its path), accumulating input 1's
-    gradient (the loop body continues at two indents)."""
+    (all weights first with ``hoist_w``, else each before its path; the next edges' indices
+    prefetched after the loads), accumulating input 1's gradient (the loop body continues at two
+    indents)."""
     I, II = _I, _I * 2
     for l in _ranks(paths, "l1"):
         for i in range(2 * l + 1):
             L.append(f"{I}{acc}{l}_{i} = tl.zeros([BLOCK_F], dtype=DT)")
+    L += sender_edges_prologue(I)
     L += [
         f"{I}for k in range(start, end):",
-        f"{II}e = tl.load(perm_ptr + tl.cast(k, tl.int64))",
-        f"{II}gi = tl.load(recv_ptr + e)",
+        *sender_edges_head(II),
         f"{II}pg = go_ptr + gi * go_row",
         f"{II}pb = x2_ptr + e * x2_row",
         *weight_row(II, "e"),
@@ -389,6 +432,7 @@ def _sender_walk(L, paths, offsets, n_out, acc: str, hoist_w: bool) -> None:
     _load_inputs(L, paths, II, need_a=False)
     if hoist_w:
         L += [II + _load(f"w{pi}", "pw", f"{pi} * F", "f") for pi in range(len(paths))]
+    L += sender_edges_next(II)
     for pi, p in enumerate(paths):  # input 1's gradient, accumulated over the sender's edges
         if not hoist_w:
             L.append(II + _load(f"w{pi}", "pw", f"{pi} * F", "f"))

@@ -46,6 +46,9 @@ from .codegen import (
     out_offsets,
     rank_groups,
     receiver_prologue,
+    sender_edges_head,
+    sender_edges_next,
+    sender_edges_prologue,
     sender_prologue,
     weight_grad_out,
     weight_row,
@@ -212,10 +215,17 @@ def _row_body(indent: str, sel, offsets, in1_l_max: int, in2_l_max: int, group: 
     L += [f"{II}acc{k} = tl.zeros([BLOCK_F], dtype=DT)" for k in blocks]
     L.append(f"{I}if NEED_W and SHARED_W:")
     L += [f"{II}dwa{pi} = tl.zeros([BLOCK_F], dtype=DT)" for pi, _ in sel]
+    # PREFETCH: each step loads the next edge's sender (src_a) after its own operand loads, so
+    # they do not wait on the dependent index load
     L += [
+        f"{I}if CONV and PREFETCH:",
+        f"{II}s0 = tl.cast(start, tl.int64)",
+        f"{II}src_a = tl.load(send_ptr + s0, mask=s0 < end, other=0)",
         f"{I}for e in range(start, end):",
         f"{II}e64 = tl.cast(e, tl.int64)",
-        f"{II}if CONV:",
+        f"{II}if CONV and PREFETCH:",
+        f"{III}src = src_a",
+        f"{II}elif CONV:",
         f"{III}src = tl.load(send_ptr + e64)",
         f"{II}else:",
         f"{III}src = e64",
@@ -235,6 +245,7 @@ def _row_body(indent: str, sel, offsets, in1_l_max: int, in2_l_max: int, group: 
     L += _load_rank_rows(III, paths, "l2", "d", "pd", "F2C", "f2")
     L += [f"{II}if HAS_GGW:"]
     L += _load_ggw(III, sel)
+    L += [f"{II}if CONV and PREFETCH:", f"{III}src_a = tl.load(send_ptr + e64 + 1, mask=e64 + 1 < end, other=0)"]
     L.append(f"{II}if NEED_GO:")
     L += _d_go(III, sel, offsets)
     L.append(f"{II}if NEED_X2:")
@@ -281,10 +292,10 @@ def _x1_csr_kernel(paths, offsets, n_out, in1_l_max) -> list[str]:
     L += sender_prologue(I)
     ranks1 = _ranks(paths, "l1")
     L += _zeros(I, "g", ranks1)
+    L += sender_edges_prologue(I)
     L += [
         f"{I}for k in range(start, end):",
-        f"{II}e64 = tl.load(perm_ptr + tl.cast(k, tl.int64))",
-        f"{II}gi = tl.load(recv_ptr + e64)",
+        *sender_edges_head(II, "e64"),
         f"{II}pg = go_ptr + gi * go_row",
         f"{II}pb = x2_ptr + e64 * x2_row",
         *weight_row(II, "e64"),
@@ -300,6 +311,7 @@ def _x1_csr_kernel(paths, offsets, n_out, in1_l_max) -> list[str]:
     L += _load_paths(III, list(enumerate(paths)), "w", "pw")
     L += [f"{III}pd = gg2_ptr + e64 * x2_row"]
     L += _load_rank_rows(III, paths, "l2", "d", "pd", "F2C", "f2")
+    L += sender_edges_next(II)
     L += _d_x1_terms(II, list(enumerate(paths)))
     L.append(f"{I}pdx1 = dx1_ptr + oj * dx1_row")
     L += _store_input_grad(I, "pdx1", "g", ranks1, in1_l_max, "RED_X1")

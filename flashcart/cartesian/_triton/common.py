@@ -24,6 +24,8 @@ __all__ = [
     "auto_splits",
     "AUTO_SPLITS",
     "sum_splits",
+    "switch_mode",
+    "INDEX_PREFETCH",
 ]
 
 DT = {torch.float32: tl.float32, torch.float64: tl.float64, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
@@ -83,6 +85,28 @@ def reduce_channels(g: Tensor, comps: int, n_channels: int) -> Tensor:
     if n_channels != 1:
         return g
     return g.view(g.shape[0], comps, -1).sum(-1)
+
+
+def switch_mode(variable: str, default: bool = True) -> bool:
+    """An on/off kernel switch from the environment: ``0``, ``1`` or unset (``default``);
+    anything else is an error naming the variable."""
+    raw = os.environ.get(variable, "").strip() or ("1" if default else "0")
+    if raw not in ("0", "1"):
+        raise ValueError(f"environment variable {variable} must be 0 or 1, got {raw!r}")
+    return raw == "1"
+
+
+def _index_prefetch_mode() -> bool:
+    """``FLASHCART_INDEX_PREFETCH``: ``1`` (default) lets each step of the node walks load the
+    indices of the edges after it (``PREFETCH``: ``perm`` and ``recv`` in the sender walks, two
+    and one edges ahead; ``send`` one edge ahead in the fused double backward's receiver walk),
+    so a step's operand loads do not wait on dependent index loads; ``0`` loads each step's
+    indices in that step."""
+    return switch_mode("FLASHCART_INDEX_PREFETCH")
+
+
+# Read at import; tests and benchmarks flip the module attribute.
+INDEX_PREFETCH = _index_prefetch_mode()
 
 
 _MAX_SPLITS = 16

@@ -57,6 +57,12 @@ def _variants(dbwd_only: bool):
             (
                 "product",
                 TP_BWD_CSR,
+                "tp_bwd_csr g1+g2+gw, weight rows, no prefetch",
+                dict(NEED_G2=True, NEED_GW=True, REDUCE_G2=True, W_INDEX=True, W_ROWS=True, PREFETCH=False),
+            ),
+            (
+                "product",
+                TP_BWD_CSR,
                 "tp_bwd_csr g1+g2+gw, rows, 4 splits",
                 dict(NEED_G2=True, NEED_GW=True, REDUCE_G2=True, W_INDEX=True, W_ROWS=True, SPLITS=4),
             ),
@@ -146,7 +152,8 @@ def resource_usage(
             continue
         signature = {a: ("*i64" if a in _INDEX else f"*{dtype}") if a.endswith("_ptr") else "i32" for a in sig.args}
         signature |= {c: "constexpr" for c in sig.constexprs}
-        constexprs = {**({"SPLITS": 1} if "SPLITS" in sig.constexprs else {}), **flags, "BLOCK_F": block_f, "DT": dts[dtype]}
+        defaults = {c: v for c, v in (("SPLITS", 1), ("PREFETCH", True)) if c in sig.constexprs}
+        constexprs = {**defaults, **flags, "BLOCK_F": block_f, "DT": dts[dtype]}
         src = ASTSource(fn=getattr(modules[which], sig.name), signature=signature, constexprs=constexprs)
         options = dict(num_warps=max(1, block_f // 32)) | ({} if maxnreg is None else {"maxnreg": maxnreg})
         kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
+from . import common as _common
 from .common import DT, block_f, cdiv, kernel_op, sum_splits, tp_shapes, walk_splits
 from .signatures import TP_DBWD_ROW, TP_DBWD_X1_CSR
 from .source import double_backward_module
@@ -192,6 +193,7 @@ def tp_dbwd(
                 W_INDEX=widx is not None,
                 W_ROWS=in_rows,
                 ROW_GROUPS=groups > 1,
+                PREFETCH=_common.INDEX_PREFETCH,
                 SPLITS=splits,
                 BLOCK_F=block,
                 DT=DT[dt],
@@ -229,6 +231,7 @@ def tp_dbwd(
                 RED_X1=red1,
                 W_INDEX=widx is not None,
                 W_ROWS=in_rows,
+                PREFETCH=_common.INDEX_PREFETCH,
                 SPLITS=splits,
                 BLOCK_F=block,
                 DT=DT[dt],

@@ -29,6 +29,7 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 from .._layout import edge_csr
 from .._linear_spec import BWD_W, BWD_X, COLUMN, FWD, N_COLS, launch_rows, linear_spec, n_tiles
 from .._weight_rows import listed_edges
+from . import common as _common
 from .common import DT as _DT
 from .common import block_f as _block_f
 from .common import cdiv as _cdiv
@@ -36,6 +37,7 @@ from .common import kernel_op
 from .common import next_pow2 as _next_pow2
 from .common import reduce_channels as _reduce_channels
 from .common import sum_splits as _sum_splits
+from .common import switch_mode as _switch_mode
 from .common import tp_shapes as _tp_shapes
 from .common import walk_splits as _walk_splits
 from .double_backward import env_mode, fused_outputs
@@ -62,10 +64,7 @@ def _csr_backward_mode() -> bool:
     """``FLASHCART_FUSED_CSR_BACKWARD``: ``1`` (default) runs the convolution backward that needs
     input 1's gradient and another as one pass per sender (``tp_bwd_csr``); ``0`` as two
     kernels (``tp_bwd_edge`` per edge, then ``tp_bwd_x1_csr`` per sender)."""
-    raw = os.environ.get("FLASHCART_FUSED_CSR_BACKWARD", "1").strip() or "1"
-    if raw not in ("0", "1"):
-        raise ValueError(f"environment variable FLASHCART_FUSED_CSR_BACKWARD must be 0 or 1, got {raw!r}")
-    return raw == "1"
+    return _switch_mode("FLASHCART_FUSED_CSR_BACKWARD")
 
 
 # Read at import; benchmarks flip the module attribute to compare the two in one process.
@@ -77,10 +76,7 @@ def _pipeline_mode() -> bool:
     software pipelined (each step loads the next edge's operands before it computes the current
     edge's messages; on the H200 21-27 % faster, RESULTS.md 2026-12-03); ``0`` loads each edge's
     operands in its own step (fewer registers)."""
-    raw = os.environ.get("FLASHCART_TP_PIPELINE", "1").strip() or "1"
-    if raw not in ("0", "1"):
-        raise ValueError(f"environment variable FLASHCART_TP_PIPELINE must be 0 or 1, got {raw!r}")
-    return raw == "1"
+    return _switch_mode("FLASHCART_TP_PIPELINE")
 
 
 # Read at import; benchmarks and tests flip the module attribute.
@@ -288,6 +284,7 @@ def tp_bwd(
             F2C=f2,
             F=F,
             W_INDEX=widx is not None,
+            PREFETCH=_common.INDEX_PREFETCH,
             SPLITS=splits,
             BLOCK_F=block,
             DT=_DT[dt],
@@ -345,6 +342,7 @@ def _bwd_csr(mod, go, x1, x2, w, widx, wrows, g1, g2, gw, receivers, perm, srowp
         NEED_G2=need_x2,
         NEED_GW=need_w,
         REDUCE_G2=reduce_g2,
+        PREFETCH=_common.INDEX_PREFETCH,
         SPLITS=splits,
         BLOCK_F=block,
         DT=_DT[x2.dtype],
@@ -644,10 +642,7 @@ def _linear_unit_mode() -> bool:
     """``FLASHCART_LINEAR_UNIT``: ``1`` (default) compiles the grouped matmul for each launch's
     contiguous operand axes (``_linear_spec.unit_axes``: offsets without division, 16-byte
     loads); ``0`` keeps the general addressing on every axis."""
-    raw = os.environ.get("FLASHCART_LINEAR_UNIT", "1").strip() or "1"
-    if raw not in ("0", "1"):
-        raise ValueError(f"environment variable FLASHCART_LINEAR_UNIT must be 0 or 1, got {raw!r}")
-    return raw == "1"
+    return _switch_mode("FLASHCART_LINEAR_UNIT")
 
 
 # Read at import; benchmarks and tests assign the module attribute.

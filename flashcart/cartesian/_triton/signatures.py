@@ -98,6 +98,9 @@ def traceable(kernel: Any, probe: Any) -> Any:
 # each row, see ops.weight_rows_sum). In the fused double backward W_ROWS also reads ggw per
 # weight row (zero for an edge its row does not list).
 # PIPELINE (tp_fwd): load the next edge's operands before computing the current edge's messages.
+# PREFETCH (the sender walks tp_bwd_x1_csr, tp_bwd_csr, tp_dbwd_x1_csr; the fused double backward's
+# receiver walk tp_dbwd_row): each step loads the indices of the edges after it (perm, recv; send),
+# so its operand loads do not wait on dependent index loads (common.INDEX_PREFETCH).
 # SPLITS (the kernels walking a node's edges, convolution mode): grid axis 0 holds SPLITS programs
 # per node, each walking a consecutive part of the node's edges; per-node results are partial sums
 # in rows s * nodes + node of a [SPLITS * nodes, ...] output that the launcher sums (per-edge
@@ -152,7 +155,7 @@ TP_BWD_X1_CSR = KernelSignature(
         "F2C",
         "F",
     ),
-    constexprs=("W_INDEX", "SPLITS", "BLOCK_F", "DT"),
+    constexprs=("W_INDEX", "PREFETCH", "SPLITS", "BLOCK_F", "DT"),
 )
 # The convolution backward in one pass per sender: the gradient of input 1 (as tp_bwd_x1_csr) and,
 # for each of the sender's edges, those of input 2 and the weights (as tp_bwd_edge), every edge
@@ -160,7 +163,7 @@ TP_BWD_X1_CSR = KernelSignature(
 TP_BWD_CSR = KernelSignature(
     "tp_bwd_csr",
     args=(*_BWD_TENSORS, "srowptr_ptr", "perm_ptr", "recv_ptr", *_BWD_ROWS, *_CHANNELS),
-    constexprs=("W_INDEX", "W_ROWS", "NEED_G2", "NEED_GW", "REDUCE_G2", "SPLITS", "BLOCK_F", "DT"),
+    constexprs=("W_INDEX", "W_ROWS", "NEED_G2", "NEED_GW", "REDUCE_G2", "PREFETCH", "SPLITS", "BLOCK_F", "DT"),
 )
 
 # Fused double backward (codegen_double.generate_double_backward_source, its own module per
@@ -218,6 +221,7 @@ TP_DBWD_ROW = KernelSignature(
         "W_INDEX",
         "W_ROWS",
         "ROW_GROUPS",
+        "PREFETCH",
         "SPLITS",
         "BLOCK_F",
         "DT",
@@ -245,7 +249,7 @@ TP_DBWD_X1_CSR = KernelSignature(
         "F2C",
         "F",
     ),
-    constexprs=("HAS_GG2", "HAS_GGW", "RED_X1", "W_INDEX", "W_ROWS", "SPLITS", "BLOCK_F", "DT"),
+    constexprs=("HAS_GG2", "HAS_GGW", "RED_X1", "W_INDEX", "W_ROWS", "PREFETCH", "SPLITS", "BLOCK_F", "DT"),
 )
 
 # Direction expansion (codegen.generate_expansion_source); n: rows, BLOCK: rows per program.
