@@ -133,6 +133,7 @@
 #   ncu3     one GPU: i2c3f20l2r's force call, each product launch under ncu (about 2 minutes)
 #   pathgroups (removed with FLASHCART_BWD_PATH_GROUPS, 2026-12-04: RESULTS.md) one GPU: parity and kernels of path groups
 #   prefetch one GPU: the node walks' index prefetch: GPU parity, kernels off/on, force call and training step off/on
+#   prefetch2 one GPU: FLASHCART_INDEX_PREFETCH auto against 0: kernels, force call and training step
 #   splitsparity one GPU, the next session's first call: GPU parity of the auto walk splits, the split walks and conv-l3 (about 8 minutes)
 #   splitsauto one GPU: FLASHCART_TP_SPLITS=auto: the products under ncu, the force call against 1 split (about 5 minutes)
 #   splitsautotrain one GPU: the trainer's step with FLASHCART_TP_SPLITS 1 and auto (about 9 minutes)
@@ -896,6 +897,14 @@ prefetch)
     --prefetch 0 1 > "$out/kernels.log" 2>&1
   env_ab FLASHCART_INDEX_PREFETCH "0 1" 100 > "$out/calls_prefetch.log" 2>&1
   ;;
+prefetch2)
+  # FLASHCART_INDEX_PREFETCH=auto (the default: per kernel, common.index_prefetch) against 0: the published convolution's
+  # kernels at F = 20 and 64, then i2c3f20l2r's reduce-overhead force call and training step, a process per setting
+  # (about 9 minutes)
+  timeout 120 python3 benchmarks/kernels.py --features 20 64 --out-l-max 3 --backends triton --dbwd fused --row-sums atomic \
+    --prefetch 0 auto > "$out/kernels.log" 2>&1
+  env_ab FLASHCART_INDEX_PREFETCH "0 auto" 230 --training > "$out/calls_prefetch_training.log" 2>&1
+  ;;
 splitsauto)
   # FLASHCART_TP_SPLITS=auto (walk splits by path count: the 4-path first convolution split 4 ways): the products'
   # launches under ncu with auto, then i2c3f20l2r's reduce-overhead force call with 1 and auto splits (a process
@@ -932,7 +941,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, pathgroups, splitsauto, splitsautotrain, splitsparity, prefetch, geomdump or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, pathgroups, splitsauto, splitsautotrain, splitsparity, prefetch, prefetch2, geomdump or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

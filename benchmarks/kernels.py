@@ -19,8 +19,8 @@ receiver pass split by output rank over a grid axis: two launches, no register s
 in every walk (``FLASHCART_TP_SPLITS`` and ``FLASHCART_DBWD_SPLITS``; default: the environment's
 settings, ``auto`` by default: see ``common.auto_splits``; the table's column says the
 forward-and-backward / double-backward splits of the timed product).
-``--prefetch 0 1`` times the Triton kernels with the node walks' index prefetch off and on in turn
-(``FLASHCART_INDEX_PREFETCH``: the sender walks load ``perm``/``recv`` of the next edges ahead).
+``--prefetch 0 1 auto`` times the Triton kernels with each ``FLASHCART_INDEX_PREFETCH`` setting in
+turn (the node walks load the indices of the next edges ahead: ``common.index_prefetch``).
 ``--row-sums atomic pass`` gives the Triton kernels per-pair weights instead (the radial MLP's
 rows, one per pair of reverse edges, read by both edges through ``WeightRows``, as the model runs
 them) and times each way of summing the weights' gradient into rows in turn
@@ -185,10 +185,9 @@ def main() -> None:
     parser.add_argument(
         "--prefetch",
         nargs="+",
-        type=int,
-        choices=[0, 1],
+        choices=list(common.PREFETCH_MODES),
         default=None,
-        help="Triton: time the kernels with the node walks' index prefetch off (0) and on (1) in turn (FLASHCART_INDEX_PREFETCH)",
+        help="Triton: time the kernels with each FLASHCART_INDEX_PREFETCH setting in turn (the node walks' index prefetch)",
     )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
@@ -222,7 +221,7 @@ def main() -> None:
             if splits is not None:  # every walk split alike; else the environment's settings
                 common.TP_SPLITS = common.DBWD_SPLITS = splits
             if prefetch is not None:
-                common.INDEX_PREFETCH = bool(prefetch)
+                common.INDEX_PREFETCH = prefetch
             if row_sum is not None:
                 row_sums.IN_KERNEL = row_sum != "pass"
             rows_arg = pair_rows if row_sum is not None else None
@@ -267,7 +266,7 @@ def main() -> None:
                 backend=backend,
                 splits=f"{common.walk_splits(True, tp.n_paths)}/{common.DBWD_SPLITS}",
                 rows=row_sum or "edge",
-                prefetch=int(common.INDEX_PREFETCH),
+                prefetch=common.INDEX_PREFETCH,
                 paths=tp.n_paths,
                 fwd_ms=t_f,
                 bwd_ms=t_b,
@@ -293,7 +292,7 @@ def main() -> None:
     for r in rows:
         modes = "  ".join(f"{m} {t:.3f} ({t / r['fwd_ms']:.1f}x)" for m, t in r["dbwd_modes_ms"].items())
         print(
-            f"{r['F']:4d} {r['backend']:>7} {r['splits']:>6} {r['rows']:>6} {r['prefetch']:4d} "
+            f"{r['F']:4d} {r['backend']:>7} {r['splits']:>6} {r['rows']:>6} {r['prefetch']:>4} "
             f"{r['fwd_ms']:8.3f} {r['bwd_ms']:8.3f} {r['dbwd_ms']:8.3f} "
             f"{100 * r['fwd_roofline']:7.1f}% {100 * r['bwd_roofline']:7.1f}% {100 * r['dbwd_roofline']:7.1f}%  "
             f"{'-' if r['bwd_other_ms'] is None else format(r['bwd_other_ms'], '.3f'):>8}  {modes}"

@@ -309,9 +309,31 @@ def test_index_prefetch_equals_the_reference(splits, variant, device, monkeypatc
     ref, tri = _pair(TensorProduct, 2, 3, 3, 3, 1)
     weights = "rows" if variant == "weight rows" else "edge"
     inputs, fn_ref, fn_tri = _conv_problem(ref, tri, device, seed=10, weights=weights)
-    for prefetch in (False, True):
+    for prefetch in ("0", "1"):  # "auto" picks per kernel among these
         monkeypatch.setattr(common, "INDEX_PREFETCH", prefetch)
         _compare_to_second_order(fn_ref, fn_tri, inputs, torch.float64)
+
+
+def test_index_prefetch_mode_and_auto_rule(monkeypatch):
+    """``FLASHCART_INDEX_PREFETCH``: ``0``, ``1``, ``auto`` or unset (``auto``); anything else is an
+    error naming it. ``auto``: the backward's one-pass sender walk prefetches with one warp per
+    program (up to 32 channels), the sender walks of the two-kernel backward and the double
+    backward always, the double backward's receiver walk never."""
+    import flashcart.cartesian._triton.common as common
+
+    for raw, want in (("0", "0"), ("1", "1"), ("auto", "auto"), ("", "auto")):
+        monkeypatch.setenv("FLASHCART_INDEX_PREFETCH", raw)
+        assert common._index_prefetch_mode() == want
+    monkeypatch.setenv("FLASHCART_INDEX_PREFETCH", "yes")
+    with pytest.raises(ValueError, match="FLASHCART_INDEX_PREFETCH must be one of 0, 1, auto, got 'yes'"):
+        common._index_prefetch_mode()
+    kernels = ("tp_bwd_x1_csr", "tp_bwd_csr", "tp_dbwd_x1_csr", "tp_dbwd_row")
+    monkeypatch.setattr(common, "INDEX_PREFETCH", "auto")
+    assert [common.index_prefetch(k, 32) for k in kernels] == [True, True, True, False]
+    assert [common.index_prefetch(k, 64) for k in kernels] == [True, False, True, False]
+    for mode in ("0", "1"):
+        monkeypatch.setattr(common, "INDEX_PREFETCH", mode)
+        assert {common.index_prefetch(k, b) for k in kernels for b in (16, 64)} == {mode == "1"}
 
 
 @pytest.mark.parametrize(
@@ -320,7 +342,6 @@ def test_index_prefetch_equals_the_reference(splits, variant, device, monkeypatc
         ("FLASHCART_TP_PIPELINE", "ops", "_pipeline_mode", True),
         ("FLASHCART_FUSED_CSR_BACKWARD", "ops", "_csr_backward_mode", True),
         ("FLASHCART_LINEAR_UNIT", "ops", "_linear_unit_mode", True),
-        ("FLASHCART_INDEX_PREFETCH", "common", "_index_prefetch_mode", True),
     ],
 )
 def test_switch_modes_from_environment(variable, module, reader, default, monkeypatch):

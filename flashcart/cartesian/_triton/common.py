@@ -26,6 +26,8 @@ __all__ = [
     "sum_splits",
     "switch_mode",
     "INDEX_PREFETCH",
+    "PREFETCH_MODES",
+    "index_prefetch",
 ]
 
 DT = {torch.float32: tl.float32, torch.float64: tl.float64, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
@@ -96,17 +98,39 @@ def switch_mode(variable: str, default: bool = True) -> bool:
     return raw == "1"
 
 
-def _index_prefetch_mode() -> bool:
-    """``FLASHCART_INDEX_PREFETCH``: ``1`` (default) lets each step of the node walks load the
-    indices of the edges after it (``PREFETCH``: ``perm`` and ``recv`` in the sender walks, two
-    and one edges ahead; ``send`` one edge ahead in the fused double backward's receiver walk),
-    so a step's operand loads do not wait on dependent index loads; ``0`` loads each step's
-    indices in that step."""
-    return switch_mode("FLASHCART_INDEX_PREFETCH")
+PREFETCH_MODES = ("0", "1", "auto")
 
 
-# Read at import; tests and benchmarks flip the module attribute.
+def _index_prefetch_mode() -> str:
+    """``FLASHCART_INDEX_PREFETCH``: whether each step of the node walks loads the indices of the
+    edges after it (``PREFETCH``: ``perm`` two and ``recv`` one edge ahead in the sender walks,
+    ``send`` one edge ahead in the fused double backward's receiver walk), so that a step's
+    operand loads do not wait on dependent index loads. ``auto`` (default): per kernel, as
+    :func:`index_prefetch` says; ``1``: every walk; ``0``: none. Anything else is an error naming
+    the variable."""
+    raw = os.environ.get("FLASHCART_INDEX_PREFETCH", "").strip() or "auto"
+    if raw not in PREFETCH_MODES:
+        raise ValueError(f"environment variable FLASHCART_INDEX_PREFETCH must be one of {', '.join(PREFETCH_MODES)}, got {raw!r}")
+    return raw
+
+
+# Read at import; tests and benchmarks assign the module attribute.
 INDEX_PREFETCH = _index_prefetch_mode()
+
+
+def index_prefetch(kernel: str, block: int) -> bool:
+    """``PREFETCH`` of a launch of ``kernel`` (``tp_bwd_x1_csr``, ``tp_bwd_csr``, ``tp_dbwd_x1_csr``
+    or ``tp_dbwd_row``) with ``BLOCK_F = block`` under :data:`INDEX_PREFETCH`. ``auto`` follows
+    the H200 (the published convolution, 1000-atom diamond, RESULTS.md 2026-12-04 evening): the
+    one-pass backward ``tp_bwd_csr`` gained at 20 channels (0.630 -> 0.587 ms, one warp per
+    program) and lost at 64 (1.621 -> 1.672 ms: two warps, and ptxas spills 208 instead of 128
+    bytes per thread); the two-kernel backward's sender walk gained at 64 (1.773 -> 1.700 ms);
+    the fused double backward lost 3 % at both, its receiver walk spilling more."""
+    if INDEX_PREFETCH != "auto":
+        return INDEX_PREFETCH == "1"
+    if kernel == "tp_bwd_csr":
+        return block <= 32
+    return kernel in ("tp_bwd_x1_csr", "tp_dbwd_x1_csr")
 
 
 _MAX_SPLITS = 16

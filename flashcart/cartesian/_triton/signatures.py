@@ -100,7 +100,7 @@ def traceable(kernel: Any, probe: Any) -> Any:
 # PIPELINE (tp_fwd): load the next edge's operands before computing the current edge's messages.
 # PREFETCH (the sender walks tp_bwd_x1_csr, tp_bwd_csr, tp_dbwd_x1_csr; the fused double backward's
 # receiver walk tp_dbwd_row): each step loads the indices of the edges after it (perm, recv; send),
-# so its operand loads do not wait on dependent index loads (common.INDEX_PREFETCH).
+# so its operand loads do not wait on dependent index loads (common.index_prefetch).
 # SPLITS (the kernels walking a node's edges, convolution mode): grid axis 0 holds SPLITS programs
 # per node, each walking a consecutive part of the node's edges; per-node results are partial sums
 # in rows s * nodes + node of a [SPLITS * nodes, ...] output that the launcher sums (per-edge
