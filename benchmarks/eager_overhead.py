@@ -14,8 +14,10 @@ kernels sum to about 3.9 ms: the host issues the work slower than the GPU runs i
    ops named by ``--stacks`` (default ``aten::gather``, which took 49 µs a call on the H200, and
    ``aten::mul``) by the FlashCart source line that called them.
 
-Variants (``--variants``): ``plain``; ``prebound`` (``FLASHCART_PREBOUND_LAUNCH``'s pre-bound
-Triton launches, switched on in-process). ``--with-profiler`` then runs ``flashcart-profile``'s
+Variants (``--variants``): ``plain`` (Triton's own launcher); ``prebound`` (the default:
+``FLASHCART_PREBOUND_LAUNCH``'s pre-bound Triton launches, switched on in-process); ``uncached``
+(pre-bound, with the tensors derived from frozen parameters rebuilt on every call:
+``flashcart.cartesian._frozen.ENABLED`` off). ``--with-profiler`` then runs ``flashcart-profile``'s
 inference timer for the same model and structure in this process, per variant.
 
     python benchmarks/eager_overhead.py --device cuda --model i2c3f20l2r --structure diamond
@@ -36,16 +38,20 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.kernel_profile import MODELS, build, model_arguments  # noqa: E402
+from flashcart.cartesian import _frozen  # noqa: E402
 from flashcart.cartesian._triton import launcher  # noqa: E402
 from flashcart.model.predictor import Predictor  # noqa: E402
 from flashcart.profiling import synchronize, time_per_call  # noqa: E402
 
 
 def _set_variant(name: str) -> None:
-    launcher.ENABLED = name == "prebound"
+    launcher.ENABLED = name != "plain"
+    _frozen.ENABLED = name != "uncached"
 
 
-VARIANTS = ("plain", "prebound")
+# plain: Triton's own launcher; prebound: pre-bound launches (the default); uncached: pre-bound
+# launches, tensors derived from frozen parameters rebuilt on every call (flashcart.cartesian._frozen off)
+VARIANTS = ("plain", "prebound", "uncached")
 
 
 def timed(fn, device, calls: int) -> list[float]:

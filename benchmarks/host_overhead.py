@@ -55,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernel_profile import MODELS as KERNEL_PROFILE_MODELS  # noqa: E402  (this script's folder)
 from kernel_profile import calls as kernel_profile_calls  # noqa: E402
 
+from flashcart.cartesian import _frozen  # noqa: E402
 from flashcart.cartesian._triton import ops, signatures  # noqa: E402
 from flashcart.config import load_config  # noqa: E402
 from flashcart.data.batch import collate  # noqa: E402
@@ -147,18 +148,20 @@ class CountOps(TorchDispatchMode):
 
 @contextlib.contextmanager
 def eager_under_dispatch_mode():
-    """The Triton ops take their eager path (plain autograd Functions) even while a dispatch mode
-    is active: otherwise ``CountOps`` itself would switch them to the custom-op path."""
-    real = ops._eager_ok
+    """The Triton ops take their eager path (plain autograd Functions), and tensors derived from
+    frozen parameters are cached (``flashcart.cartesian._frozen``), even while a dispatch mode is
+    active: otherwise ``CountOps`` itself would switch them to the custom-op path and off the cache."""
+    real, real_plain = ops._eager_ok, _frozen._plain_eager
 
     def eager_ok(first):
         return type(first) is torch.Tensor and not torch.compiler.is_compiling()
 
     ops._eager_ok = eager_ok
+    _frozen._plain_eager = lambda: not torch.compiler.is_compiling()  # and tensors derived from frozen parameters are cached
     try:
         yield
     finally:
-        ops._eager_ok = real
+        ops._eager_ok, _frozen._plain_eager = real, real_plain
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,7 +206,10 @@ def best_us(fn, rounds: int, per_round: int, warmup: int) -> float:
 
 
 def counts(fn) -> tuple[int, dict[str, int], int, dict[str, int]]:
-    """ATen ops and Triton launches of one call of ``fn`` (untimed)."""
+    """ATen ops and Triton launches of one call of ``fn`` (untimed), after one uncounted call
+    (which builds what later calls reuse: tensors derived from frozen parameters)."""
+    with stubbed_launches(LaunchCounter()), eager_under_dispatch_mode():
+        fn()
     counter = LaunchCounter()
     with stubbed_launches(counter), eager_under_dispatch_mode(), CountOps() as mode:
         fn()

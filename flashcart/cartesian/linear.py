@@ -27,7 +27,8 @@ class EquivariantLinear(torch.nn.Module):
 
     Parameters ``weights[l]: [F_out, F_in * paths_l]``, initialised N(0, 1).
     Buffer ``launch_table``: int64 launch table of the Triton kernels (not saved in state dicts).
-    ``forward(x: [n, in_width]) -> [n, out_width]``.
+    ``forward(x: [n, in_width], scale: 0-d tensor | None = None) -> [n, out_width]``: with
+    ``scale`` the output times ``scale``, folded into the weights (no pass over the rows).
     """
 
     def __init__(
@@ -69,22 +70,25 @@ class EquivariantLinear(torch.nn.Module):
             f"in_paths={self.in_paths}, backend={self.backend!r}"
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
         if x.dim() != 2 or x.shape[1] != self.in_width:
             raise ValueError(f"EquivariantLinear expects [rows, {self.in_width}], got {tuple(x.shape)}")
+        if scale is not None and scale.dim() != 0:
+            raise ValueError(f"EquivariantLinear's scale must be a 0-d tensor, got shape {tuple(scale.shape)}")
         if resolve_backend(self.backend, x) == "triton":
             from ._triton.ops import equivariant_linear
 
-            return equivariant_linear(self, x)
+            return equivariant_linear(self, x, scale)
         with torch.profiler.record_function("flashcart::equivariant_linear[torch]"):
-            return self._forward_torch(x)
+            return self._forward_torch(x, scale)
 
-    def _forward_torch(self, x: torch.Tensor) -> torch.Tensor:
+    def _forward_torch(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
         blocks = split_ranks(x, self.in_l_max, self.in_features, self.in_paths)
         out = []
         for l in range(self.out_l_max + 1):
             if l < len(self.weights):
-                y = torch.matmul(blocks[l], (self.weights[l] * self.scales[l]).T)
+                w = self.weights[l] * self.scales[l]
+                y = torch.matmul(blocks[l], (w if scale is None else w * scale.to(w.dtype)).T)
                 out.append(y.reshape(x.shape[0], -1))
             else:
                 out.append(x.new_zeros(x.shape[0], dim(l) * self.out_features))

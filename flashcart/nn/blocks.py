@@ -15,21 +15,13 @@ import math
 import torch
 
 from ..cartesian import EquivariantLinear, TensorProduct, WeightRows
+from ..cartesian._frozen import frozen_derived, parameters_of
 from ..cartesian._layout import layout_width
 from .radial import MLP
 
 __all__ = ["Interaction", "Gate", "ProductBlock", "RMSNorm", "rank_channel_index"]
 
 _ACTIVATIONS = {"sigmoid": torch.sigmoid, "silu": torch.nn.functional.silu, "tanh": torch.tanh}
-
-
-def _parameters_of(plist: torch.nn.ParameterList) -> list[torch.nn.Parameter]:
-    """The parameters of ``plist`` in order: read from its ``_parameters`` dict in eager mode
-    (iterating a ``ParameterList`` costs a ``Module.__getattr__`` per item on every call)."""
-    params = plist._parameters
-    if torch.compiler.is_compiling() or len(params) != len(plist):
-        return list(plist)
-    return list(params.values())
 
 
 def rank_channel_index(l_max: int, n_feats: int) -> torch.Tensor:
@@ -62,8 +54,14 @@ class RMSNorm(torch.nn.Module):
         scale = torch.rsqrt(inv.mean(dim=1, keepdim=True).abs() + self.eps)
         y = x * scale
         if self.gains is not None:
-            y = y * torch.cat(_parameters_of(self.gains)).index_select(0, self.gain_index)
+            y = y * self.column_gains()
         return y
+
+    def column_gains(self) -> torch.Tensor:
+        """``[W]``: each (rank, channel) gain broadcast over the rank's components (built once
+        while the gains are frozen, :func:`~flashcart.cartesian._frozen.frozen_derived`)."""
+        gains = parameters_of(self.gains)
+        return frozen_derived(self, "gains", [*gains, self.gain_index], lambda: torch.cat(gains).index_select(0, self.gain_index))
 
 
 class Interaction(torch.nn.Module):
@@ -108,8 +106,9 @@ class Interaction(torch.nn.Module):
 
     def forward(self, x, attrs, radial, receivers, senders, csr, node_embed=None, pairs=None):
         weights, rows = self.edge_weights(radial, receivers, senders, node_embed, pairs)
-        msg = self.tp(self.linear_in(x), attrs, weights, receivers, senders, csr, rows) * self.inv_sqrt_avg_neighbors.to(x.dtype)
-        out = self.linear_out(msg) + self.skip(x)
+        msg = self.tp(self.linear_in(x), attrs, weights, receivers, senders, csr, rows)
+        # the neighbour normalisation folded into linear_out's weights (no pass over the nodes)
+        out = self.linear_out(msg, self.inv_sqrt_avg_neighbors) + self.skip(x)
         return self.norm(out) if self.norm is not None else out
 
     def edge_weights(self, radial, receivers, senders, node_embed=None, pairs=None) -> tuple[torch.Tensor, WeightRows | None]:
@@ -210,16 +209,29 @@ class ProductBlock(torch.nn.Module):
             else:
                 self.register_buffer(f"unit_weights_{k}", torch.ones(tp.weight_numel), persistent=False)
             if path_reduced:
-                scales = torch.cat([torch.full(((2 * l + 1) * F,), p**-0.5 if p else 0.0) for l, p in enumerate(tp.n_paths_per_rank)])
-                self.register_buffer(f"path_scale_{k}", scales, persistent=False)
+                # n_paths_l^-1/2 per weight (paths in weight order, F weights each): the summed paths
+                # of each output rank scaled through the weights, not by a pass over the rows
+                scales = torch.tensor([tp.n_paths_per_rank[p.l_out] ** -0.5 for p in tp.paths]).repeat_interleave(F)
+                self.register_buffer(f"weight_scale_{k}", scales, persistent=False)
             else:
                 self.mix.append(EquivariantLinear(l_k, l_k, F, F, in_paths=tp.n_paths_per_rank, backend=backend))
 
-    def _weights(self, k: int, types: torch.Tensor) -> torch.Tensor:
+    def _weights(self, k: int, types: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Step ``k``'s product weights ``[weight_numel]`` (element-agnostic) or ``[n, weight_numel]``,
+        path-reduced ones times their rank's ``n_paths^-1/2``."""
         if not self.path_weights:
-            return getattr(self, f"unit_weights_{k}")
+            return getattr(self, f"unit_weights_{k}").to(dtype)
         w = self.path_weights[k]
+        if self.path_reduced:
+            scale = getattr(self, f"weight_scale_{k}")
+            w = frozen_derived(self, f"weights_{k}", [w, scale], lambda: w * scale.to(w.dtype))
+        w = w.to(dtype)
         return w if self.element_agnostic else w.index_select(0, types)
+
+    def _first_weights(self) -> torch.Tensor:
+        """Path-reduced step 0's ``[W]`` weights, one per (rank, channel) broadcast over components."""
+        w, index = self.first_weights, self.first_index
+        return frozen_derived(self, "first_weights", [w, index], lambda: w.index_select(0, index))
 
     def forward(self, a: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
         ow = self.out_width
@@ -227,15 +239,13 @@ class ProductBlock(torch.nn.Module):
             out = self.skip(a)
             return self.norm(out) if self.norm is not None else out
         if self.path_reduced:
-            p = a * self.first_weights.index_select(0, self.first_index)
+            p = a * self._first_weights()
         else:
             p = self.mix[0](a)
         total = p[:, :ow]
         for k, tp in enumerate(self.steps):
-            p = tp(p, a, self._weights(k, types).to(a.dtype))
-            if self.path_reduced:
-                p = p * getattr(self, f"path_scale_{k}").to(p.dtype)
-            else:
+            p = tp(p, a, self._weights(k, types, a.dtype))
+            if not self.path_reduced:
                 p = self.mix[k + 1](p)
             total = total + p[:, :ow]
         out = self.skip(a) + (self.final(total) if self.path_reduced else total)

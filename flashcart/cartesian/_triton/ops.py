@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
+from .._frozen import frozen_derived, parameters_of
 from .._layout import edge_csr
 from .._linear_spec import BWD_W, BWD_X, COLUMN, FWD, N_COLS, launch_rows, linear_spec, n_tiles
 from .._weight_rows import listed_edges
@@ -871,10 +872,10 @@ def flat_weights(weights: torch.nn.ParameterList) -> Tensor:
     ``Module.__getattr__`` per item and the views through Python, together about 3x the host
     time, paid by every linear map on every call. Under compilation the plain expression.
     """
-    params = weights._parameters
-    if torch.compiler.is_compiling() or len(params) != len(weights):
-        return torch.cat([p.reshape(-1) for p in weights])
-    return torch._C._nn.flatten_dense_tensors(list(params.values()))
+    params = parameters_of(weights)
+    if torch.compiler.is_compiling():
+        return torch.cat([p.reshape(-1) for p in params])
+    return torch._C._nn.flatten_dense_tensors(params)
 
 
 def _linear_matmul_mode() -> str:
@@ -912,13 +913,22 @@ def linear_as_matmul(lin) -> bool:
     return LINEAR_MATMUL == "1"
 
 
-def equivariant_linear(lin, x: Tensor) -> Tensor:
+def equivariant_linear(lin, x: Tensor, scale: Tensor | None = None) -> Tensor:
     """Triton path of :class:`~flashcart.cartesian.EquivariantLinear`: all ranks in one launch,
-    or the PyTorch backend's matrix products for the maps ``linear_as_matmul`` names."""
+    or the PyTorch backend's matrix products for the maps ``linear_as_matmul`` names.
+    ``scale`` (a 0-d tensor or ``None``) multiplies the weights (so the output)."""
     if linear_as_matmul(lin):
-        return lin._forward_torch(x)
-    w = flat_weights(lin.weights) if len(lin.weights) else x.new_zeros(0)
-    return lin_fwd(x, w, lin.launch_table, lin.key)
+        return lin._forward_torch(x, scale)
+    if not len(lin.weights):
+        return lin_fwd(x, x.new_zeros(0), lin.launch_table, lin.key)
+    params = parameters_of(lin.weights)
+    sources = params if scale is None else [*params, scale]
+
+    def build():
+        w = flat_weights(lin.weights)
+        return w if scale is None else w * scale.to(w.dtype)
+
+    return lin_fwd(x, frozen_derived(lin, "flat_weights", sources, build), lin.launch_table, lin.key)
 
 
 # ---------------------------------------------------------------------------------------
