@@ -17,7 +17,9 @@ kernels sum to about 3.9 ms: the host issues the work slower than the GPU runs i
 Variants (``--variants``): ``plain`` (Triton's own launcher); ``prebound`` (the default:
 ``FLASHCART_PREBOUND_LAUNCH``'s pre-bound Triton launches, switched on in-process); ``uncached``
 (pre-bound, with the tensors derived from frozen parameters rebuilt on every call:
-``flashcart.cartesian._frozen.ENABLED`` off). ``--with-profiler`` then runs ``flashcart-profile``'s
+``flashcart.cartesian._frozen.ENABLED`` off); ``unfused`` (as ``uncached``, and the RMS norm
+and the gate as ATen expressions instead of ``flashcart.cartesian._triton.rowwise``'s kernels).
+``--with-profiler`` then runs ``flashcart-profile``'s
 inference timer for the same model and structure in this process, per variant.
 
     python benchmarks/eager_overhead.py --device cuda --model i2c3f20l2r --structure diamond
@@ -39,19 +41,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.kernel_profile import MODELS, build, model_arguments  # noqa: E402
 from flashcart.cartesian import _frozen  # noqa: E402
-from flashcart.cartesian._triton import launcher  # noqa: E402
+from flashcart.cartesian._triton import launcher, rowwise  # noqa: E402
 from flashcart.model.predictor import Predictor  # noqa: E402
 from flashcart.profiling import synchronize, time_per_call  # noqa: E402
 
 
 def _set_variant(name: str) -> None:
     launcher.ENABLED = name != "plain"
-    _frozen.ENABLED = name != "uncached"
+    _frozen.ENABLED = name not in ("uncached", "unfused")
+    rowwise.ENABLED = name != "unfused"
 
 
 # plain: Triton's own launcher; prebound: pre-bound launches (the default); uncached: pre-bound
-# launches, tensors derived from frozen parameters rebuilt on every call (flashcart.cartesian._frozen off)
-VARIANTS = ("plain", "prebound", "uncached")
+# launches, tensors derived from frozen parameters rebuilt on every call (flashcart.cartesian._frozen
+# off); unfused: uncached and the RMS norm and gate as ATen expressions (rowwise off)
+VARIANTS = ("plain", "prebound", "uncached", "unfused")
 
 
 def timed(fn, device, calls: int) -> list[float]:

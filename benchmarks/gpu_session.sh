@@ -137,6 +137,7 @@
 #   splitsparity one GPU, the next session's first call: GPU parity of the auto walk splits, the split walks and conv-l3 (about 8 minutes)
 #   splitsauto one GPU: FLASHCART_TP_SPLITS=auto: the products under ncu, the force call against 1 split (about 5 minutes)
 #   splitsautotrain one GPU: the trainer's step with FLASHCART_TP_SPLITS 1 and auto (about 9 minutes)
+#   rowwise  one GPU: the fused RMS-norm and gate kernels: GPU parity, tests/model, the eager force call A/B (about 9 minutes)
 #   eagercache one GPU: the eager force call with and without the frozen-parameter cache, the eager profiler, tests/model
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
@@ -938,6 +939,18 @@ engineneeds)
 geomdump)
   geomdump 200
   ;;
+rowwise)
+  # the RMS norm's and the gate's fused row-wise kernels (flashcart.cartesian._triton.rowwise, eager only) and the grouped
+  # matmul's cached launch plans: GPU parity (float64 1e-12, float32), tests/model's GPU tests (compiled == eager, now
+  # against the fused kernels), the linear maps' parity and the pre-bound launcher; then the eager force call with
+  # everything, without the frozen-parameter cache, and with neither (ATen norm and gate), interleaved in one process;
+  # the profiler's eager force call in processes of its own (about 9 minutes)
+  gpu_tests 0 "tests/cartesian/test_rowwise.py tests/cartesian/test_launcher.py:120" "tests/model:150" \
+    "tests/cartesian/test_triton_parity.py -k linear:90" > "$out/tests.log" 2>&1
+  timeout 200 python3 benchmarks/eager_overhead.py --device cuda --model i2c3f20l2r --structure diamond \
+    --variants prebound uncached unfused --rounds 8 --rows 45 > "$out/eager.log" 2>&1
+  for r in 1 2 3; do profile_run S eager inference 50; done > "$out/profile_eager.log" 2>&1
+  ;;
 eagercache)
   # tensors derived from frozen parameters built once (flashcart.cartesian._frozen): the eager force call with the cache
   # and without, interleaved in one process, with its host breakdown; the profiler's eager force call in processes of
@@ -951,7 +964,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, pathgroups, splitsauto, splitsautotrain, splitsparity, prefetch, prefetch2, geomdump, eagercache or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, pathgroups, splitsauto, splitsautotrain, splitsparity, prefetch, prefetch2, geomdump, eagercache, rowwise or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

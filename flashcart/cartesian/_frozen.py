@@ -11,17 +11,19 @@ so :func:`frozen_derived` builds such a tensor once and returns it again while i
 are unchanged.
 
 A cached result is reused while every source tensor is the same tensor with the same storage
-and the same version counter (in-place updates such as an optimiser step or
-``load_state_dict`` bump it), on the same device and in the same dtype, and the call is in
-the same inference mode. The entry keeps its sources' storages alive, so a storage address
+(address and device: a new dtype is a new storage) and the same version counter (in-place
+updates such as an optimiser step or ``load_state_dict`` bump it), and the call is in the
+same inference mode. The entry keeps its sources' storages alive, so a storage address
 cannot be reused by another tensor while the entry refers to it. Writes through ``.data``
 bypass the version counter (as they bypass autograd): such writes while the parameters are
 frozen are not seen.
 
 Nothing is cached when any source requires grad (training: the derived tensor is part of the
 autograd graph), under ``torch.compile`` and tracing (inductor folds such expressions itself;
-a graph must not capture a cached tensor), under dispatch modes (fake tensors) or functorch
-transforms. :data:`ENABLED` (a module attribute for benchmarks and tests) switches the cache
+a graph must not capture a cached tensor), during a CUDA-graph capture (a captured eager call
+derives the tensor on every replay, as without the cache: it then sees in-place parameter
+updates, and no rebuilt entry can free memory the graph reads), under dispatch modes (fake
+tensors) or functorch transforms. :data:`ENABLED` (a module attribute for benchmarks and tests) switches the cache
 off.
 """
 
@@ -37,7 +39,7 @@ __all__ = ["ENABLED", "frozen_derived", "parameters_of", "clear"]
 # Benchmarks (benchmarks/eager_overhead.py) and tests assign it to compare with and without.
 ENABLED = True
 
-# owner module -> {slot: (sources (detached: same storage and version counter), key, result)}
+# owner module -> {(slot, inference mode): (sources (detached: same storage and version counter), key, result)}
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -46,23 +48,13 @@ def _plain_eager() -> bool:
     tensors) or a functorch transform."""
     return not (
         torch.compiler.is_compiling()
-        or torch.jit.is_tracing()
+        or torch._C._is_tracing()
         or torch._C._len_torch_dispatch_stack()
         or torch._C._are_functorch_transforms_active()
     )
 
 
-def _cacheable(sources: Sequence[torch.Tensor]) -> bool:
-    if not ENABLED or not _plain_eager():
-        return False
-    for t in sources:
-        if t.requires_grad or type(t) not in (torch.Tensor, torch.nn.Parameter):
-            return False
-    return True
-
-
-def _key(sources: Sequence[torch.Tensor]) -> tuple:
-    return (torch.is_inference_mode_enabled(), *((id(t), t.data_ptr(), t._version, t.dtype, t.device) for t in sources))
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 def frozen_derived(owner: torch.nn.Module, slot: str, sources: Sequence[torch.Tensor], build: Callable[[], torch.Tensor]) -> torch.Tensor:
@@ -71,14 +63,23 @@ def frozen_derived(owner: torch.nn.Module, slot: str, sources: Sequence[torch.Te
 
     ``owner`` holds the entry (weakly: the cache dies with the module); ``slot`` names the
     derived tensor among the owner's. ``build`` must read nothing but ``sources`` (and
-    constants): anything else it reads is not checked.
+    constants): anything else it reads is not checked. Eager calls pay a few microseconds of
+    Python for the check (it runs on every call of every layer).
     """
-    if not _cacheable(sources):
+    if not ENABLED:
         return build()
-    key = _key(sources)
+    for t in sources:
+        if t.requires_grad or type(t) not in _PLAIN_TYPES:
+            return build()
+    if not _plain_eager() or (sources[0].is_cuda and torch.cuda.is_current_stream_capturing()):
+        return build()
+    key = []
+    for t in sources:
+        key += (id(t), t.data_ptr(), t._version, t.device)
     entries = _CACHE.get(owner)
     if entries is None:
         entries = _CACHE[owner] = {}
+    slot = (slot, torch.is_inference_mode_enabled())
     entry = entries.get(slot)
     if entry is not None and entry[1] == key:
         return entry[2]

@@ -15,6 +15,7 @@ import math
 import torch
 
 from ..cartesian import EquivariantLinear, TensorProduct, WeightRows
+from ..cartesian._backend import resolve_backend
 from ..cartesian._frozen import frozen_derived, parameters_of
 from ..cartesian._layout import layout_width
 from .radial import MLP
@@ -22,6 +23,17 @@ from .radial import MLP
 __all__ = ["Interaction", "Gate", "ProductBlock", "RMSNorm", "rank_channel_index"]
 
 _ACTIVATIONS = {"sigmoid": torch.sigmoid, "silu": torch.nn.functional.silu, "tanh": torch.tanh}
+
+
+def _fused_rowwise(x: torch.Tensor, backend: str):
+    """The fused row-wise kernels (:mod:`flashcart.cartesian._triton.rowwise`) when a block on
+    ``x`` takes them (eager calls on the Triton path), else ``None``. Imported here, not at the
+    top: the PyTorch backend runs without Triton installed."""
+    if type(x) is not torch.Tensor or resolve_backend(backend, x) != "triton":
+        return None
+    from ..cartesian._triton import rowwise
+
+    return rowwise if rowwise.use_fused(x) else None
 
 
 def rank_channel_index(l_max: int, n_feats: int) -> torch.Tensor:
@@ -51,17 +63,22 @@ class RMSNorm(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         inv = self.invariants(x, x, self.ones.to(x.dtype))  # [n, (l_max+1) * F]
+        fused = _fused_rowwise(x, self.invariants.backend)
+        if fused is not None:  # eager Triton path: one kernel each way
+            gains = self._gains("gains", lambda g: torch.cat(g)) if self.gains is not None else None
+            return fused.rms_scale(inv, x, gains, self.eps, self.l_max, self.F)
         scale = torch.rsqrt(inv.mean(dim=1, keepdim=True).abs() + self.eps)
         y = x * scale
         if self.gains is not None:
-            y = y * self.column_gains()
+            y = y * self._gains("column_gains", lambda g: torch.cat(g).index_select(0, self.gain_index))
         return y
 
-    def column_gains(self) -> torch.Tensor:
-        """``[W]``: each (rank, channel) gain broadcast over the rank's components (built once
-        while the gains are frozen, :func:`~flashcart.cartesian._frozen.frozen_derived`)."""
+    def _gains(self, slot: str, build) -> torch.Tensor:
+        """``build(gains)``: the gains ``[(l_max+1) F]``, or ``[W]`` broadcast over each rank's
+        components; built once while the gains are frozen
+        (:func:`~flashcart.cartesian._frozen.frozen_derived`)."""
         gains = parameters_of(self.gains)
-        return frozen_derived(self, "gains", [*gains, self.gain_index], lambda: torch.cat(gains).index_select(0, self.gain_index))
+        return frozen_derived(self, slot, [*gains, self.gain_index], lambda: build(gains))
 
 
 class Interaction(torch.nn.Module):
@@ -137,7 +154,7 @@ class Gate(torch.nn.Module):
     def __init__(self, l_max: int, F: int, activation: str = "sigmoid", bias: bool = True, backend: str = "auto"):
         super().__init__()
         self.l_max, self.F = l_max, F
-        self.act = _ACTIVATIONS[activation]
+        self.activation, self.act = activation, _ACTIVATIONS[activation]
         self.value = EquivariantLinear(l_max, l_max, F, F, backend=backend)
         self.gates = torch.nn.Linear(F, (l_max + 1) * F, bias=bias)
         self.proj = EquivariantLinear(l_max, l_max, F, F, backend=backend)
@@ -146,8 +163,11 @@ class Gate(torch.nn.Module):
         self.register_buffer("gate_index", rank_channel_index(l_max, F), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        g = self.act(self.gates(x[:, : self.F]))  # [n, (l_max+1) F]
-        return x + self.proj(self.value(x) * g.index_select(1, self.gate_index))
+        z = self.gates(x[:, : self.F])  # [n, (l_max+1) F]
+        fused = _fused_rowwise(x, self.value.backend)
+        if fused is not None:  # eager Triton path: one kernel each way
+            return x + self.proj(fused.gated(self.value(x), z, self.activation, self.l_max, self.F))
+        return x + self.proj(self.value(x) * self.act(z).index_select(1, self.gate_index))
 
 
 class ProductBlock(torch.nn.Module):

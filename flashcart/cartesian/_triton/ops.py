@@ -20,6 +20,7 @@ Ops (namespace ``flashcart``):
 from __future__ import annotations
 
 import os
+from functools import lru_cache
 from typing import NamedTuple, Optional
 
 import torch
@@ -43,7 +44,7 @@ from .common import tp_shapes as _tp_shapes
 from .common import walk_splits as _walk_splits
 from .double_backward import env_mode, fused_outputs
 from .double_backward import tp_dbwd as _tp_dbwd_op
-from .linear_kernel import default_tiles, grouped_matmul, kernel_unit_axes, linear_tiles
+from .linear_kernel import LinearTiles, default_tiles, grouped_matmul, kernel_unit_axes, linear_tiles
 from .signatures import EXPANSION_FWD, EXPANSION_SECOND, EXPANSION_VJP, TP_BWD_CSR, TP_BWD_EDGE, TP_BWD_X1_CSR, TP_FWD, launch_kernel
 from .source import expansion_module, product_key, product_module
 from .weight_rows import _backward as _rows_sum_backward
@@ -663,37 +664,66 @@ def _tiles(key: str, use_dot: bool):
     return default_tiles(s.f_in, s.f_out, use_dot)
 
 
+class _GroupedPlan(NamedTuple):
+    """What a grouped-matmul launch of one map and kind takes that does not depend on its
+    operands: per launch-table row ``(m_mul, m_const, column tiles)`` for the tile count, the
+    launch options and the constant keyword values."""
+
+    rows: tuple
+    bm: int
+    options: dict
+    constants: dict
+
+    def tiles(self, n_rows):
+        """Programs of a launch on ``n_rows`` rows (a SymInt under tracing), as ``n_tiles``."""
+        bm, total = self.bm, 0
+        for m_mul, m_const, n_col_tiles in self.rows:
+            total += -(-(m_mul * n_rows + m_const) // bm) * n_col_tiles
+        return total
+
+
+@lru_cache(maxsize=None)
+def _grouped_plan(key: str, kind: int, use_dot: bool, tiles: LinearTiles, unit: bool) -> _GroupedPlan:
+    rows = tuple((r[COLUMN["m_mul"]], r[COLUMN["m_const"]], -(-r[COLUMN["n_size"]] // tiles.bn)) for r in launch_rows(key)[kind])
+    options = {"num_warps": tiles.warps} if tiles.stages is None else {"num_warps": tiles.warps, "num_stages": tiles.stages}
+    constants = dict(
+        N_GROUPS=linear_spec(key).n_mixed,
+        NCOL=N_COLS,
+        BM=tiles.bm,
+        BN=tiles.bn,
+        BK=tiles.bk,
+        USE_DOT=use_dot,
+        PRECISION=tiles.precision,
+    )
+    # passed in every launch (the pre-bound launcher and inductor read each constexpr by name)
+    constants["UNIT"], constants["ALIGN"] = kernel_unit_axes(key, kind, use_dot) if unit else (0, 1)
+    return _GroupedPlan(rows, tiles.bm, options, constants)
+
+
 def _launch_grouped(a: Tensor, b: Tensor, c: Tensor, table: Tensor, key: str, kind: int, n_rows: int, split: int = 1) -> None:
     """Run the grouped matmul of launch ``kind`` (forward / input grad / weight grad) on ``n_rows`` rows.
 
     ``table`` is the layer's launch table (``[3, groups, N_COLS]``, on the operands' device);
     the grid size comes from the key on the host, so nothing is read back or allocated.
+    Everything but the operands and the row count comes from a cached plan (``_grouped_plan``):
+    eager calls are bound by such host work.
     """
     use_dot = _uses_dot(c)
-    t = _tiles(key, use_dot)
-    tiles = n_tiles(key, kind, n_rows, t.bm, t.bn)
+    plan = _grouped_plan(key, kind, use_dot, _tiles(key, use_dot), bool(LINEAR_UNIT))
+    tiles = plan.tiles(n_rows)
     if guard_or_false(tiles == 0):
         return
-    options = {"num_warps": t.warps} if t.stages is None else {"num_warps": t.warps, "num_stages": t.stages}
     values = dict(
+        plan.constants,
         a_ptr=a,
         b_ptr=b,
         c_ptr=c,
         table_ptr=table[kind],
         n_rows=n_rows,
         c_split_stride=c.stride(0) if split > 1 else 0,
-        N_GROUPS=table.shape[1],
-        NCOL=N_COLS,
-        BM=t.bm,
-        BN=t.bn,
-        BK=t.bk,
-        USE_DOT=use_dot,
         SPLIT=split,
-        PRECISION=t.precision,
     )
-    # passed in every launch (the pre-bound launcher and inductor read each constexpr by name)
-    values["UNIT"], values["ALIGN"] = kernel_unit_axes(key, kind, use_dot) if LINEAR_UNIT else (0, 1)
-    launch_kernel(grouped_matmul, a, (tiles, split), values, options)
+    launch_kernel(grouped_matmul, a, (tiles, split), values, plan.options)
 
 
 # The weight gradient reduces over every row: its output (F_out x paths * F_in per rank) has
