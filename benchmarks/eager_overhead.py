@@ -18,7 +18,9 @@ Variants (``--variants``): ``plain`` (Triton's own launcher); ``prebound`` (the 
 ``FLASHCART_PREBOUND_LAUNCH``'s pre-bound Triton launches, switched on in-process); ``uncached``
 (pre-bound, with the tensors derived from frozen parameters rebuilt on every call:
 ``flashcart.cartesian._frozen.ENABLED`` off); ``unfused`` (as ``uncached``, and the RMS norm
-and the gate as ATen expressions instead of ``flashcart.cartesian._triton.rowwise``'s kernels).
+and the gate as ATen expressions instead of ``flashcart.cartesian._triton.rowwise``'s kernels);
+``nolaunch`` (the default with every Triton launch skipped: the results are meaningless, the time
+is the host cost of everything but Triton's launches, so the difference to ``prebound`` is theirs).
 ``--with-profiler`` then runs ``flashcart-profile``'s
 inference timer for the same model and structure in this process, per variant.
 
@@ -41,21 +43,35 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.kernel_profile import MODELS, build, model_arguments  # noqa: E402
 from flashcart.cartesian import _frozen  # noqa: E402
-from flashcart.cartesian._triton import launcher, rowwise  # noqa: E402
+from flashcart.cartesian._triton import launcher, ops, rowwise, signatures  # noqa: E402
 from flashcart.model.predictor import Predictor  # noqa: E402
 from flashcart.profiling import synchronize, time_per_call  # noqa: E402
+
+_REAL_TRACEABLE = signatures.traceable
+
+
+def _no_launch(kernel, probe):
+    """Stands in for ``signatures.traceable`` in variant ``nolaunch``: every Triton launch a no-op."""
+    return _NoLaunch()
+
+
+class _NoLaunch:
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
 
 
 def _set_variant(name: str) -> None:
     launcher.ENABLED = name != "plain"
     _frozen.ENABLED = name not in ("uncached", "unfused")
     rowwise.ENABLED = name != "unfused"
+    signatures.traceable = ops.traceable = _no_launch if name == "nolaunch" else _REAL_TRACEABLE
 
 
 # plain: Triton's own launcher; prebound: pre-bound launches (the default); uncached: pre-bound
 # launches, tensors derived from frozen parameters rebuilt on every call (flashcart.cartesian._frozen
-# off); unfused: uncached and the RMS norm and gate as ATen expressions (rowwise off)
-VARIANTS = ("plain", "prebound", "uncached", "unfused")
+# off); unfused: uncached and the RMS norm and gate as ATen expressions (rowwise off); nolaunch: the
+# default with every Triton launch skipped (meaningless results: the host cost of everything else)
+VARIANTS = ("plain", "prebound", "uncached", "unfused", "nolaunch")
 
 
 def timed(fn, device, calls: int) -> list[float]:
@@ -126,7 +142,7 @@ def host_breakdown(fn, device, calls: int, rows: int, stacks: list[str] | None =
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     model_arguments(parser)
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--variants", nargs="+", default=["plain", "prebound", "uncached", "unfused"], choices=VARIANTS)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--per-round", type=int, default=10)
     parser.add_argument("--profile-calls", type=int, default=5)

@@ -36,6 +36,11 @@ def _fused_rowwise(x: torch.Tensor, backend: str):
     return rowwise if rowwise.use_fused(x) else None
 
 
+def _leading(x: torch.Tensor, width: int) -> torch.Tensor:
+    """``x[:, :width]``, or ``x`` itself when it has that width (no view, no backward node)."""
+    return x if x.shape[1] == width else x[:, :width]
+
+
 def rank_channel_index(l_max: int, n_feats: int) -> torch.Tensor:
     """``[layout_width(l_max, F)]`` int64: column -> ``l * F + f`` (its rank and channel).
 
@@ -262,11 +267,16 @@ class ProductBlock(torch.nn.Module):
             p = a * self._first_weights()
         else:
             p = self.mix[0](a)
-        total = p[:, :ow]
+        # summed at full width while the steps' widths agree, truncated to ranks 0..l_out once (the
+        # same sums: every slice costs a zero-filled gradient and a copy in the backward pass)
+        total = p
         for k, tp in enumerate(self.steps):
             p = tp(p, a, self._weights(k, types, a.dtype))
             if not self.path_reduced:
                 p = self.mix[k + 1](p)
-            total = total + p[:, :ow]
+            if p.shape[1] != total.shape[1]:
+                total, p = _leading(total, ow), _leading(p, ow)
+            total = total + p
+        total = _leading(total, ow)
         out = self.skip(a) + (self.final(total) if self.path_reduced else total)
         return self.norm(out) if self.norm is not None else out
