@@ -149,6 +149,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=30)
     parser.add_argument("--stacks", nargs="*", default=["aten::gather", "aten::mul"], help="ops to attribute to their call sites")
     parser.add_argument("--with-profiler", action="store_true", help="also run flashcart-profile's inference timer in this process")
+    parser.add_argument("--sync-debug", action="store_true", help="list the host-device synchronisations of one call and exit")
     parser.add_argument("--verbose-profiler", action="store_true", help="print the in-process profiler's own output")
     args = parser.parse_args()
     args.compile_mode = None
@@ -162,6 +163,9 @@ def main() -> None:
         predictor(batch, forces=True)
 
     print(f"[setup] {args.model} on {args.structure} ({batch.positions.shape[0]} atoms, {batch.receivers.shape[0]} edges), eager, float32")
+    if args.sync_debug:
+        sync_report(force, device)
+        return
     times = {v: [] for v in args.variants}
     loops = {v: [] for v in args.variants}
     issue = {v: [] for v in args.variants}
@@ -182,6 +186,26 @@ def main() -> None:
     host_breakdown(force, device, args.profile_calls, args.rows, args.stacks)
     if args.with_profiler:
         profiler_in_process(args, device)
+
+
+def sync_report(fn, device) -> None:
+    """The synchronisations of one warm call of ``fn`` (``torch.cuda.set_sync_debug_mode``): each
+    stalls the host until the GPU has run everything queued, so issue time includes GPU time."""
+    import warnings
+
+    fn()
+    synchronize(device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    synchronize(device)
+    print(f"[sync] {len(caught)} synchronising operations in one call")
+    for w in caught:
+        print(f"  {w.filename}:{w.lineno}: {str(w.message).splitlines()[0][:120]}")
 
 
 def profiler_in_process(args, device) -> None:

@@ -137,6 +137,7 @@
 #   splitsparity one GPU, the next session's first call: GPU parity of the auto walk splits, the split walks and conv-l3 (about 8 minutes)
 #   splitsauto one GPU: FLASHCART_TP_SPLITS=auto: the products under ncu, the force call against 1 split (about 5 minutes)
 #   splitsautotrain one GPU: the trainer's step with FLASHCART_TP_SPLITS 1 and auto (about 9 minutes)
+#   eagersync one GPU: the eager force call's synchronisations and its host cProfile (about 3 minutes)
 #   eagernext one GPU: the eager force call without Triton launches, reduce-overhead force call and training step (about 8 minutes)
 #   rowwise  one GPU: the fused RMS-norm and gate kernels: GPU parity, tests/model, the eager force call A/B (about 9 minutes)
 #   eagercache one GPU: the eager force call with and without the frozen-parameter cache, the eager profiler, tests/model
@@ -940,6 +941,12 @@ engineneeds)
 geomdump)
   geomdump 200
   ;;
+eagersync)
+  # where the eager force call waits for the GPU (torch.cuda.set_sync_debug_mode) and a cProfile of its host work (about 3 minutes)
+  timeout 120 python3 benchmarks/eager_overhead.py --device cuda --model i2c3f20l2r --structure diamond --sync-debug > "$out/sync.log" 2>&1
+  timeout 150 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases inference --repeat 2 \
+    --host-profile 10 --rows 45 > "$out/host_profile.log" 2>&1
+  ;;
 eagernext)
   # the eager force call with every change, with its Triton launches skipped (the rest's host cost) and with the ATen
   # norm and gate without the cache, interleaved in one process; then i2c3f20l2r's reduce-overhead force call and the
@@ -974,7 +981,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, pathgroups, splitsauto, splitsautotrain, splitsparity, prefetch, prefetch2, geomdump, eagercache, rowwise, eagernext or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, pathgroups, splitsauto, splitsautotrain, splitsparity, prefetch, prefetch2, geomdump, eagercache, rowwise, eagernext, eagersync or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done
