@@ -137,6 +137,7 @@
 #   splitsparity one GPU, the next session's first call: GPU parity of the auto walk splits, the split walks and conv-l3 (about 8 minutes)
 #   splitsauto one GPU: FLASHCART_TP_SPLITS=auto: the products under ncu, the force call against 1 split (about 5 minutes)
 #   splitsautotrain one GPU: the trainer's step with FLASHCART_TP_SPLITS 1 and auto (about 9 minutes)
+#   rmsforms one GPU: the RMS norm's invariants in its kernel: GPU parity, tests/model, the eager force call A/B (about 6 minutes)
 #   eagersync one GPU: the eager force call's synchronisations and its host cProfile (about 3 minutes)
 #   eagernext one GPU: the eager force call without Triton launches, reduce-overhead force call and training step (about 8 minutes)
 #   rowwise  one GPU: the fused RMS-norm and gate kernels: GPU parity, tests/model, the eager force call A/B (about 9 minutes)
@@ -941,6 +942,16 @@ engineneeds)
 geomdump)
   geomdump 200
   ;;
+rmsforms)
+  # the RMS norm's invariants evaluated in its row-wise kernel (quadratic forms, no tensor-product launch): GPU parity
+  # (float64 1e-12 to second order, float32; a whole force call with and without the kernels), tests/model's GPU
+  # tests, then the eager force call with the kernels and without (ATen norm and gate, no cache), interleaved in one
+  # process, and the profiler's eager force call in processes of its own (about 6 minutes)
+  gpu_tests 0 "tests/cartesian/test_rowwise.py:90" "tests/model:150" > "$out/tests.log" 2>&1
+  timeout 150 python3 benchmarks/eager_overhead.py --device cuda --model i2c3f20l2r --structure diamond \
+    --variants prebound unfused --rounds 8 --rows 25 > "$out/eager.log" 2>&1
+  for r in 1 2; do profile_run S eager inference 50; done > "$out/profile_eager.log" 2>&1
+  ;;
 eagersync)
   # where the eager force call waits for the GPU (torch.cuda.set_sync_debug_mode) and a cProfile of its host work (about 3 minutes)
   timeout 120 python3 benchmarks/eager_overhead.py --device cuda --model i2c3f20l2r --structure diamond --sync-debug > "$out/sync.log" 2>&1
@@ -981,7 +992,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, pathgroups, splitsauto, splitsautotrain, splitsparity, prefetch, prefetch2, geomdump, eagercache, rowwise, eagernext, eagersync or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, pathgroups, splitsauto, splitsautotrain, splitsparity, prefetch, prefetch2, geomdump, eagercache, rowwise, eagernext, eagersync, rmsforms or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

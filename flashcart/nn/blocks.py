@@ -20,7 +20,7 @@ from ..cartesian._frozen import frozen_derived, parameters_of
 from ..cartesian._layout import layout_width
 from .radial import MLP
 
-__all__ = ["Interaction", "Gate", "ProductBlock", "RMSNorm", "rank_channel_index"]
+__all__ = ["Interaction", "Gate", "ProductBlock", "RMSNorm", "invariant_forms", "rank_channel_index"]
 
 _ACTIVATIONS = {"sigmoid": torch.sigmoid, "silu": torch.nn.functional.silu, "tanh": torch.tanh}
 
@@ -34,6 +34,43 @@ def _fused_rowwise(x: torch.Tensor, backend: str):
     from ..cartesian._triton import rowwise
 
     return rowwise if rowwise.use_fused(x) else None
+
+
+def invariant_forms(l_max: int) -> torch.Tensor:
+    """The RMS norm's invariants as quadratic forms: ``[sum_l (2l+1)^2]`` float64, the row-major
+    ``G_l`` of ranks ``0..l_max`` one after the other, with ``x_lf^T G_l x_lf`` the symmetric
+    ``(l, l) -> 0`` product of a rank-``l`` channel with itself (the path-resolved rank-0 output of
+    ``TensorProduct(l_max, l_max, 0, symmetric=True)`` with unit weights).
+
+    Read off that product by polarisation on unit vectors (one channel, the PyTorch backend):
+    ``G_ii = I(e_i)``, ``G_ij = (I(e_i + e_j) - I(e_i) - I(e_j)) / 2``.
+    """
+    tp = TensorProduct(l_max, l_max, 0, 1, 1, symmetric=True, shared_weights=True, backend="torch").double()
+    width = (l_max + 1) ** 2
+    rows, where = [], []
+    for l in range(l_max + 1):
+        d = 2 * l + 1
+        for i in range(d):
+            for j in range(i, d):
+                v = torch.zeros(width, dtype=torch.float64)
+                v[l * l + i] += 1.0
+                v[l * l + j] += 1.0
+                rows.append(v)
+                where.append((l, i, j))
+    x = torch.stack(rows)
+    inv = tp(x, x, torch.ones(tp.weight_numel, dtype=torch.float64))  # [rows, l_max + 1]
+    diag = {(l, i): float(inv[k, l]) / 4.0 for k, (l, i, j) in enumerate(where) if i == j}  # I(2 e_i) = 4 G_ii
+    forms = []
+    for l in range(l_max + 1):
+        d = 2 * l + 1
+        g = torch.zeros(d, d, dtype=torch.float64)
+        for i in range(d):
+            g[i, i] = diag[(l, i)]
+        forms.append(g)
+    for k, (l, i, j) in enumerate(where):
+        if i != j:
+            forms[l][i, j] = forms[l][j, i] = (float(inv[k, l]) - diag[(l, i)] - diag[(l, j)]) / 2.0
+    return torch.cat([g.reshape(-1) for g in forms])
 
 
 def _leading(x: torch.Tensor, width: int) -> torch.Tensor:
@@ -54,7 +91,10 @@ class RMSNorm(torch.nn.Module):
     """Divide features by ``sqrt(mean_l mean_f I_lf + eps)`` with ``I_lf`` the (l,l)->0 invariants.
 
     The invariants are the path-resolved rank-0 output of a symmetric product of the
-    features with themselves. Optional learnable gains, one per rank and channel
+    features with themselves: per rank a quadratic form ``x_lf^T G_l x_lf`` (``forms``, see
+    :func:`invariant_forms`), which eager calls on the Triton path evaluate inside one row-wise
+    kernel with the scale and gains (:mod:`flashcart.cartesian._triton.rowwise`); other calls
+    run the product and the ATen expression. Optional learnable gains, one per rank and channel
     (``gains[l]: [F]``). ``forward(x: [n, W]) -> [n, W]``.
     """
 
@@ -65,13 +105,23 @@ class RMSNorm(torch.nn.Module):
         self.register_buffer("ones", torch.ones(self.invariants.weight_numel), persistent=False)
         self.gains = torch.nn.ParameterList([torch.nn.Parameter(torch.ones(n_feats)) for _ in range(l_max + 1)]) if gains else None
         self.register_buffer("gain_index", rank_channel_index(l_max, n_feats), persistent=False)
+        # the invariants' quadratic forms (float64 master; the buffer follows the module, see _apply)
+        self._forms_master = invariant_forms(l_max)
+        self.register_buffer("forms", self._forms_master.to(torch.get_default_dtype()), persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        """Module conversions, then the forms taken again from their float64 master (converting
+        through float32 and back would round them)."""
+        super()._apply(fn, recurse)
+        self.forms = self._forms_master.to(self.forms.device, self.forms.dtype)
+        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        inv = self.invariants(x, x, self.ones.to(x.dtype))  # [n, (l_max+1) * F]
         fused = _fused_rowwise(x, self.invariants.backend)
-        if fused is not None:  # eager Triton path: one kernel each way
+        if fused is not None:  # eager Triton path: invariants, scale and gains in one kernel each way
             gains = self._gains("gains", lambda g: torch.cat(g)) if self.gains is not None else None
-            return fused.rms_scale(inv, x, gains, self.eps, self.l_max, self.F)
+            return fused.rms_norm(x, self.forms, gains, self.eps, self.l_max, self.F)
+        inv = self.invariants(x, x, self.ones.to(x.dtype))  # [n, (l_max+1) * F]
         scale = torch.rsqrt(inv.mean(dim=1, keepdim=True).abs() + self.eps)
         y = x * scale
         if self.gains is not None:

@@ -29,9 +29,16 @@ def _rowwise():
     return rowwise
 
 
-def _rms_reference(inv, x, gains, eps, l_max, F):
-    y = x * torch.rsqrt(inv.mean(dim=1, keepdim=True).abs() + eps)
-    return y if gains is None else y * gains.index_select(0, rank_channel_index(l_max, F).to(x.device))
+def _rms_reference(norm: RMSNorm):
+    """The norm as the model defines it without the kernels: the symmetric product's invariants
+    (PyTorch backend), then the ATen expression."""
+
+    def reference(x, *gains):
+        inv = norm.invariants(x, x, norm.ones.to(x.dtype))
+        y = x * torch.rsqrt(inv.mean(dim=1, keepdim=True).abs() + norm.eps)
+        return y if not gains else y * gains[0].index_select(0, rank_channel_index(norm.l_max, norm.F).to(x.device))
+
+    return reference
 
 
 def _gate_reference(v, z, activation, l_max, F):
@@ -70,18 +77,35 @@ def _check_grads(fused, reference, inputs, dtype):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("l_max,F,gains", [(2, 4, True), (3, 5, False), (0, 3, True), (2, 20, True)])
-def test_rms_scale_equals_the_aten_expression(device, dtype, l_max, F, gains):
+@pytest.mark.parametrize("l_max,F,gains", [(2, 4, True), (3, 5, False), (0, 3, True), (3, 20, True)])
+def test_rms_norm_equals_the_product_and_aten_expression(device, dtype, l_max, F, gains):
     rowwise = _rowwise()
-    n, W, K = 7, (l_max + 1) ** 2 * F, (l_max + 1) * F
-    inv, x = _rand((n, K), dtype, device, 1), _rand((n, W), dtype, device, 2)
-    inv[0] = -inv[0]  # rows with a negative mean (the norm takes its absolute value)
-    g = _rand((K,), dtype, device, 3) if gains else None
-    eps = 1e-6
-    inputs = [inv, x] + ([g] if gains else [])
-    fused = lambda inv, x, *g: rowwise.rms_scale(inv, x, g[0] if g else None, eps, l_max, F)  # noqa: E731
-    reference = lambda inv, x, *g: _rms_reference(inv, x, g[0] if g else None, eps, l_max, F)  # noqa: E731
-    _check_grads(fused, reference, inputs, dtype)
+    norm = RMSNorm(l_max, F, backend="torch").to(device=device, dtype=dtype)
+    x = _rand((7, (l_max + 1) ** 2 * F), dtype, device, 2)
+    x[0] = x[0] * 1e-3  # a row whose scale the eps term shapes
+    g = _rand(((l_max + 1) * F,), dtype, device, 3) if gains else None
+    inputs = [x] + ([g] if gains else [])
+    fused = lambda x, *g: rowwise.rms_norm(x, norm.forms, g[0] if g else None, norm.eps, l_max, F)  # noqa: E731
+    _check_grads(fused, _rms_reference(norm), inputs, dtype)
+
+
+def test_invariant_forms_reproduce_the_product(float64):
+    """``x^T G_l x`` per rank and channel equals the symmetric (l, l) -> 0 product, and each form
+    is symmetric and rotation invariant (the identity for ranks 0 and 1)."""
+    rowwise = _rowwise()
+    norm = RMSNorm(3, 2, backend="torch")
+    x = _rand((9, 32), torch.float64, "cpu", 7)
+    torch.testing.assert_close(rowwise.invariants(x, norm.forms, 3, 2), norm.invariants(x, x, norm.ones), rtol=1e-13, atol=1e-13)
+    forms = norm.forms
+    assert torch.equal(forms[:1], torch.ones(1)) and torch.equal(forms[1:10].view(3, 3), torch.eye(3))
+    off = 0
+    for l in range(4):
+        d = 2 * l + 1
+        g = forms[off : off + d * d].view(d, d)
+        torch.testing.assert_close(g, g.T, rtol=0, atol=0)
+        off += d * d
+    norm.float().double()  # conversions take the forms from their float64 master again
+    torch.testing.assert_close(norm.forms, forms, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -126,14 +150,47 @@ def test_blocks_take_the_kernels_in_eager_triton_calls(device, monkeypatch):
         return [y, *torch.autograd.grad(y.square().sum(), [x, *params])]
 
     fused = run()
-    assert launched == ["rms_scale_fwd", "gate_fwd", "gate_bwd"]  # the gains' gradient: the ATen derivative
+    assert launched == ["rms_norm_fwd", "gate_fwd", "gate_bwd"]  # the gains' gradient: the ATen derivative
     monkeypatch.setattr(rowwise, "ENABLED", False)
     for a, b in zip(fused, run()):
         torch.testing.assert_close(a, b, **TOL[torch.float64])
-    assert launched == ["rms_scale_fwd", "gate_fwd", "gate_bwd"]
+    assert launched == ["rms_norm_fwd", "gate_fwd", "gate_bwd"]
     monkeypatch.setattr(rowwise, "ENABLED", True)
     for p in [*norm.parameters(), *gate.parameters()]:
         p.requires_grad_(False)
     launched.clear()
     torch.autograd.grad(gate(norm(x)).square().sum(), [x])  # a force call: both backward kernels
-    assert launched == ["rms_scale_fwd", "gate_fwd", "gate_bwd", "rms_scale_bwd"]
+    assert launched == ["rms_norm_fwd", "gate_fwd", "gate_bwd", "rms_norm_bwd"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_model_force_call_with_and_without_the_kernels(device, monkeypatch):
+    """A whole eager force call on the Triton path (fused norm and gate) equals the same call
+    through the product and ATen expressions, float64."""
+    rowwise = _rowwise()
+    from ase import Atoms
+
+    from flashcart.data import collate, structure_from_atoms
+    from flashcart.model.potential import FlashCartPotential
+    from flashcart.model.predictor import Predictor
+    from flashcart.testing import TINY_MODEL
+
+    torch.manual_seed(0)
+    opts = {**TINY_MODEL, "n_interactions": 1, "path_reduced_product": True, "layer_norm": True}
+    model = FlashCartPotential(["H", "C", "O"], avg_neighbors=4.0, use_triton=True, **opts).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    for m in model.modules():
+        if hasattr(m, "backend"):
+            m.backend = "triton"
+    model.to(device)
+    g = torch.Generator().manual_seed(3)
+    atoms = Atoms("CCOHHH", positions=(torch.randn(6, 3, generator=g, dtype=torch.float64) * 1.2).numpy())
+    batch = collate([structure_from_atoms(atoms, model.r_max, require_labels=False)], model.z_to_type.cpu())
+    batch = batch.to(device, torch.float64)
+    fused = Predictor(model, pad=False)(batch, forces=True)
+    monkeypatch.setattr(rowwise, "ENABLED", False)
+    plain = Predictor(model, pad=False)(batch, forces=True)
+    for key in ("energy", "forces"):
+        torch.testing.assert_close(fused[key], plain[key], rtol=1e-11, atol=1e-11)

@@ -1019,10 +1019,13 @@ def _dispatching(name: str, op, setup, backward):
     """Dispatcher for custom op ``op``: its autograd Function in eager mode, the op otherwise."""
     fn = _eager_function(name, op._init_fn, setup, backward)
     apply = fn.apply if _C_APPLY is None else _C_APPLY.__get__(None, fn)
+    forward = fn.forward
 
     def call(*args):
         if _eager_ok(args[0]):
-            return apply(*args)
+            # with grad mode off (the backward pass of a force call, energy-only calls) there is no
+            # graph to record: the implementation runs without the Function's bookkeeping
+            return apply(*args) if torch.is_grad_enabled() else forward(*args)
         return op(*args)
 
     call.op = op

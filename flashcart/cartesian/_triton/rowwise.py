@@ -1,22 +1,28 @@
-"""Row-wise kernels of the RMS norm and the gate: per-(rank, channel) scales on rank blocks.
+"""Row-wise kernels of the RMS norm and the gate on rank blocks.
 
-Both blocks multiply features in the standard layout (rank ``l``'s block ``(2l+1, F)`` at
-column ``l^2 F``, ``W = (l_max+1)^2 F`` columns) by a value per (rank, channel) broadcast over
-the rank's components:
+Features are in the standard layout: rank ``l``'s block ``(2l+1, F)`` at column ``l^2 F``,
+``W = (l_max+1)^2 F`` columns. Both blocks multiply them by a value per (rank, channel) broadcast
+over the rank's components:
 
-* :func:`rms_scale`: ``y = x * s * g_lf`` with ``s = (|mean(inv)| + eps)^-1/2`` per row
-  (``inv: [n, K]`` the rank-0 invariants) and optional gains ``g: [(l_max+1) F]``;
-* :func:`gated`: ``y = v * act(z)_lf`` with the gate pre-activations ``z: [n, (l_max+1) F]``
+* :func:`rms_norm`: ``y = x * s * g_lf``.
+  - ``s = (|mean_lf I_lf| + eps)^-1/2`` per row.
+  - The invariants ``I_lf = x_lf^T G_l x_lf`` are the symmetric ``(l, l) -> 0`` products of the
+    features with themselves: a quadratic form per rank (``G_l``, ``(2l+1) x (2l+1)``, the same
+    for every channel), evaluated in the kernel.
+  - Optional gains ``g: [(l_max+1) F]``.
+* :func:`gated`: ``y = v * act(z)_lf``, with the gate pre-activations ``z: [n, (l_max+1) F]``
   (``sigmoid``, ``silu`` or ``tanh``).
 
-As ATen expressions each is a chain of small operations (the norm's ``mean``, ``abs``,
-``add``, ``rsqrt`` and two multiplications, six backward nodes; the gate's activation,
-``index_select`` and multiplication), each a launch and an autograd node: an eager force call
-on the GPU is bound by that host work (benchmarks/RESULTS.md). Here each is one kernel per
-row forward and one backward. Eager calls only (:func:`use_fused`): compiled calls keep the
-ATen expression, which inductor fuses itself. A backward that must itself be differentiable
-(``create_graph``, training on forces) or that needs the gains' gradient evaluates the same
-derivative as ATen operations instead (:func:`_rms_backward_formula`,
+**Why.** As a product and ATen expressions, the norm is a tensor-product launch each way, then a
+chain of small operations: ``mean``, ``abs``, ``add``, ``rsqrt`` and two multiplications, with
+six backward nodes. The gate is its activation, an ``index_select`` and a multiplication. Each
+operation is a launch and an autograd node, and an eager force call on the GPU is bound by that
+host work (benchmarks/RESULTS.md). Here each is one kernel per row forward and one backward.
+
+**Where.** Eager calls only (:func:`use_fused`): compiled calls keep the product and the ATen
+expressions, which inductor fuses itself. A backward that must itself be differentiable
+(``create_graph``, training on forces), or one that needs the gains' gradient, evaluates the
+derivative of the ATen expression instead (:func:`rms_norm_reference`,
 :func:`_gate_backward_formula`).
 
 One program per row; the rank loop is unrolled (``L_MAX`` and ``F`` are constexprs).
@@ -33,7 +39,7 @@ from .. import _frozen
 from .common import next_pow2
 from .signatures import launch_kernel
 
-__all__ = ["ENABLED", "ACTIVATIONS", "use_fused", "rms_scale", "gated"]
+__all__ = ["ENABLED", "ACTIVATIONS", "use_fused", "rms_norm", "rms_norm_reference", "invariants", "gated"]
 
 # Benchmarks (benchmarks/eager_overhead.py) and tests assign it to compare with the ATen expressions.
 ENABLED = True
@@ -80,30 +86,45 @@ def _act_and_slope(z, ACT: tl.constexpr):
 
 
 @triton.jit
-def rms_scale_fwd(
-    inv_ptr,
+def _form_times(q_ptr, x, l: tl.constexpr, BLOCK_M: tl.constexpr):
+    """``G_l x``: rank ``l``'s invariant form (``q_ptr``: the ranks' ``(2l+1)^2`` forms, rank after
+    rank, row-major) times its components ``x: [BLOCK_M, BLOCK_F]`` (padding rows zero), per channel."""
+    D: tl.constexpr = 2 * l + 1
+    OFF: tl.constexpr = l * (2 * l - 1) * (2 * l + 1) // 3  # sum of (2k+1)^2 over k < l
+    i = tl.arange(0, BLOCK_M)[:, None]
+    j = tl.arange(0, BLOCK_M)[None, :]
+    form = tl.load(q_ptr + OFF + i * D + j, mask=(i < D) & (j < D), other=0.0)
+    return tl.sum(form[:, :, None] * x[None, :, :], 1)
+
+
+@triton.jit
+def rms_norm_fwd(
     x_ptr,
+    q_ptr,
     g_ptr,
     y_ptr,
-    s_ptr,
+    stats_ptr,
     eps_ptr,
-    K: tl.constexpr,
-    BLOCK_K: tl.constexpr,
     L_MAX: tl.constexpr,
     F: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_F: tl.constexpr,
     GAINS: tl.constexpr,
 ):
-    """Row ``r``: ``s = (|mean(inv[r])| + eps)^-1/2`` (stored), ``y[r] = x[r] * s * g``."""
+    """Row ``r``: the invariants ``I_lf = x_lf^T G_l x_lf``, their mean over (rank, channel),
+    ``s = (|mean| + eps)^-1/2``; ``y[r] = x[r] * s * g``; ``stats[r] = (s, mean)``."""
     row = tl.program_id(0).to(tl.int64)
-    k = tl.arange(0, BLOCK_K)
-    inv = tl.load(inv_ptr + row * K + k, mask=k < K, other=0.0)
-    s = 1.0 / tl.sqrt(tl.abs(tl.sum(inv, 0) / K) + tl.load(eps_ptr))
-    tl.store(s_ptr + row, s)
     W: tl.constexpr = (L_MAX + 1) * (L_MAX + 1) * F
     m = tl.arange(0, BLOCK_M)[:, None]
     f = tl.arange(0, BLOCK_F)[None, :]
+    total = tl.sum(tl.zeros([BLOCK_F], dtype=x_ptr.dtype.element_ty), 0)
+    for l in tl.static_range(L_MAX + 1):
+        x = tl.load(x_ptr + row * W + l * l * F + m * F + f, mask=(m < 2 * l + 1) & (f < F), other=0.0)
+        total += tl.sum(tl.sum(x * _form_times(q_ptr, x, l, BLOCK_M), 1), 0)
+    mean = total / ((L_MAX + 1) * F)
+    s = 1.0 / tl.sqrt(tl.abs(mean) + tl.load(eps_ptr))
+    tl.store(stats_ptr + 2 * row, s)
+    tl.store(stats_ptr + 2 * row + 1, mean)
     for l in tl.static_range(L_MAX + 1):
         mask = (m < 2 * l + 1) & (f < F)
         cols = l * l * F + m * F + f
@@ -114,26 +135,24 @@ def rms_scale_fwd(
 
 
 @triton.jit
-def rms_scale_bwd(
+def rms_norm_bwd(
     gy_ptr,
     x_ptr,
+    q_ptr,
     g_ptr,
-    inv_ptr,
-    s_ptr,
+    stats_ptr,
     gx_ptr,
-    ginv_ptr,
-    K: tl.constexpr,
-    BLOCK_K: tl.constexpr,
     L_MAX: tl.constexpr,
     F: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_F: tl.constexpr,
     GAINS: tl.constexpr,
 ):
-    """Row ``r``: ``gx = gy g s`` and ``ginv = <gy g, x> * ds/dmean / K`` for every column of inv,
-    with ``ds/dmean = -s^3 sign(mean) / 2``."""
+    """Row ``r``: ``gx = t s + 2 c G_l x`` with ``t = gy g``, ``c = <t, x> ds/dmean / K`` and
+    ``ds/dmean = -s^3 sign(mean) / 2`` (the invariants' forms are symmetric)."""
     row = tl.program_id(0).to(tl.int64)
-    s = tl.load(s_ptr + row)
+    s = tl.load(stats_ptr + 2 * row)
+    mean = tl.load(stats_ptr + 2 * row + 1)
     W: tl.constexpr = (L_MAX + 1) * (L_MAX + 1) * F
     m = tl.arange(0, BLOCK_M)[:, None]
     f = tl.arange(0, BLOCK_F)[None, :]
@@ -144,13 +163,17 @@ def rms_scale_bwd(
         t = tl.load(gy_ptr + row * W + cols, mask=mask, other=0.0)
         if GAINS:
             t = t * tl.load(g_ptr + l * F + f, mask=f < F, other=0.0)
-        tl.store(gx_ptr + row * W + cols, t * s, mask=mask)
         dot += tl.sum(tl.sum(t * tl.load(x_ptr + row * W + cols, mask=mask, other=0.0), 1), 0)
-    k = tl.arange(0, BLOCK_K)
-    mean = tl.sum(tl.load(inv_ptr + row * K + k, mask=k < K, other=0.0), 0) / K
     sign = tl.where(mean > 0, 1.0, tl.where(mean < 0, -1.0, 0.0))
-    gmean = dot * (-0.5 * s * s * s) * sign
-    tl.store(ginv_ptr + row * K + k, tl.zeros([BLOCK_K], dtype=inv_ptr.dtype.element_ty) + gmean / K, mask=k < K)
+    c = 2.0 * (dot * (-0.5 * s * s * s) * sign) / ((L_MAX + 1) * F)
+    for l in tl.static_range(L_MAX + 1):
+        mask = (m < 2 * l + 1) & (f < F)
+        cols = l * l * F + m * F + f
+        t = tl.load(gy_ptr + row * W + cols, mask=mask, other=0.0)
+        if GAINS:
+            t = t * tl.load(g_ptr + l * F + f, mask=f < F, other=0.0)
+        x = tl.load(x_ptr + row * W + cols, mask=mask, other=0.0)
+        tl.store(gx_ptr + row * W + cols, t * s + c * _form_times(q_ptr, x, l, BLOCK_M), mask=mask)
 
 
 @triton.jit
@@ -229,25 +252,24 @@ def _eps(eps: float, like: Tensor) -> Tensor:
     return t
 
 
-def _rms_forward(inv: Tensor, x: Tensor, gains: Tensor | None, eps: float, l_max: int, F: int) -> tuple[Tensor, Tensor]:
-    n, K = inv.shape
+def _rms_forward(x: Tensor, forms: Tensor, gains: Tensor | None, eps: float, l_max: int, F: int) -> tuple[Tensor, Tensor]:
+    n = x.shape[0]
     y = torch.empty_like(x)
-    s = torch.empty(n, dtype=x.dtype, device=x.device)
+    stats = torch.empty(n, 2, dtype=x.dtype, device=x.device)
     if n:
-        values = dict(inv_ptr=inv, x_ptr=x, g_ptr=gains if gains is not None else x, y_ptr=y, s_ptr=s, eps_ptr=_eps(eps, x), K=K)
-        values.update(BLOCK_K=next_pow2(K), GAINS=gains is not None, **_layout(l_max, F))
-        launch_kernel(rms_scale_fwd, x, (n,), values, {"num_warps": _warps(x.shape[1])})
-    return y, s
+        values = dict(x_ptr=x, q_ptr=forms, g_ptr=gains if gains is not None else x, y_ptr=y, stats_ptr=stats, eps_ptr=_eps(eps, x))
+        values.update(GAINS=gains is not None, **_layout(l_max, F))
+        launch_kernel(rms_norm_fwd, x, (n,), values, {"num_warps": _warps(x.shape[1])})
+    return y, stats
 
 
-def _rms_backward(gy, x, gains, inv, s, l_max: int, F: int) -> tuple[Tensor, Tensor]:
-    n, K = inv.shape
-    gx, ginv = torch.empty_like(x), torch.empty_like(inv)
-    if n:
-        values = dict(gy_ptr=gy, x_ptr=x, g_ptr=gains if gains is not None else x, inv_ptr=inv, s_ptr=s, gx_ptr=gx, ginv_ptr=ginv, K=K)
-        values.update(BLOCK_K=next_pow2(K), GAINS=gains is not None, **_layout(l_max, F))
-        launch_kernel(rms_scale_bwd, x, (n,), values, {"num_warps": _warps(x.shape[1])})
-    return gx, ginv
+def _rms_backward(gy, x, forms, gains, stats, l_max: int, F: int) -> Tensor:
+    gx = torch.empty_like(x)
+    if x.shape[0]:
+        values = dict(gy_ptr=gy, x_ptr=x, q_ptr=forms, g_ptr=gains if gains is not None else x, stats_ptr=stats, gx_ptr=gx)
+        values.update(GAINS=gains is not None, **_layout(l_max, F))
+        launch_kernel(rms_norm_bwd, x, (x.shape[0],), values, {"num_warps": _warps(x.shape[1])})
+    return gx
 
 
 def _column_index(l_max: int, F: int, device) -> Tensor:
@@ -255,49 +277,56 @@ def _column_index(l_max: int, F: int, device) -> Tensor:
     return torch.cat([l * F + torch.arange(F, device=device).repeat(2 * l + 1) for l in range(l_max + 1)])
 
 
-def _rms_backward_formula(gy, x, gains, inv, eps: float, l_max: int, F: int, needs: tuple[bool, bool, bool]):
-    """The norm's derivative as ATen operations (differentiable: double backward, gains' gradient)."""
-    s = torch.rsqrt(inv.mean(dim=1, keepdim=True).abs() + eps)
-    t = gy if gains is None else gy * gains.index_select(0, _column_index(l_max, F, gy.device))
-    g_inv = g_x = g_gains = None
-    if needs[0]:
-        mean = inv.mean(dim=1, keepdim=True)
-        g_mean = (t * x).sum(dim=1, keepdim=True) * (-0.5 * s**3) * torch.sgn(mean)
-        g_inv = (g_mean / inv.shape[1]).expand_as(inv)
-    if needs[1]:
-        g_x = t * s
-    if needs[2] and gains is not None:
-        per_column = (gy * x * s).sum(0)
-        g_gains = torch.zeros_like(gains).index_add(0, _column_index(l_max, F, gy.device), per_column)
-    return g_inv, g_x, g_gains
+def invariants(x: Tensor, forms: Tensor, l_max: int, F: int) -> Tensor:
+    """``[n, (l_max+1) F]``: ``I_lf = x_lf^T G_l x_lf`` per rank and channel as ATen operations
+    (differentiable); ``forms`` holds the ranks' ``(2l+1)^2`` forms ``G_l``, rank after rank."""
+    out, off = [], 0
+    for l in range(l_max + 1):
+        d = 2 * l + 1
+        x_l = x[:, l * l * F : (l + 1) ** 2 * F].reshape(-1, d, F)
+        out.append((x_l * torch.einsum("ij,njf->nif", forms[off : off + d * d].view(d, d), x_l)).sum(1))
+        off += d * d
+    return torch.cat(out, dim=1)
 
 
-class _RMSScale(torch.autograd.Function):
+def rms_norm_reference(x: Tensor, forms: Tensor, gains: Tensor | None, eps: float, l_max: int, F: int) -> Tensor:
+    """What :func:`rms_norm` computes, as ATen operations (differentiable to any order)."""
+    y = x * torch.rsqrt(invariants(x, forms, l_max, F).mean(dim=1, keepdim=True).abs() + eps)
+    return y if gains is None else y * gains.index_select(0, _column_index(l_max, F, x.device))
+
+
+class _RMSNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, inv, x, gains, eps, l_max, F):
-        inv, x = inv.contiguous(), x.contiguous()
+    def forward(ctx, x, forms, gains, eps, l_max, F):
+        x, forms = x.contiguous(), forms.contiguous()
         gains = gains.contiguous() if gains is not None else None
-        y, s = _rms_forward(inv, x, gains, eps, l_max, F)
-        ctx.save_for_backward(inv, x, gains, s)
+        y, stats = _rms_forward(x, forms, gains, eps, l_max, F)
+        ctx.save_for_backward(x, forms, gains, stats)
         ctx.eps, ctx.l_max, ctx.F = eps, l_max, F
         return y
 
     @staticmethod
     def backward(ctx, gy):
-        inv, x, gains, s = ctx.saved_tensors
-        needs = tuple(ctx.needs_input_grad[:3])
-        if torch.is_grad_enabled() or (needs[2] and gains is not None):
-            g_inv, g_x, g_gains = _rms_backward_formula(gy, x, gains, inv, ctx.eps, ctx.l_max, ctx.F, needs)
-        else:
-            g_x, g_inv = _rms_backward(gy.contiguous(), x, gains, inv, s, ctx.l_max, ctx.F)
-            g_gains = None
-        return g_inv, g_x, g_gains, None, None, None
+        x, forms, gains, stats = ctx.saved_tensors
+        if not torch.is_grad_enabled() and not (ctx.needs_input_grad[2] and gains is not None):
+            return _rms_backward(gy.contiguous(), x, forms, gains, stats, ctx.l_max, ctx.F), None, None, None, None, None
+        # a differentiable backward (create_graph) or the gains' gradient: the ATen derivative
+        create = torch.is_grad_enabled()
+        inputs = [x] + ([gains] if gains is not None else [])
+        with torch.enable_grad():
+            leaves = [t if t.requires_grad else t.detach().requires_grad_(True) for t in inputs]
+            y = rms_norm_reference(leaves[0], forms, leaves[1] if gains is not None else None, ctx.eps, ctx.l_max, ctx.F)
+            grads = torch.autograd.grad(y, leaves, gy, create_graph=create)
+        g_x = grads[0] if ctx.needs_input_grad[0] else None
+        g_gains = grads[1] if gains is not None and ctx.needs_input_grad[2] else None
+        return g_x, None, g_gains, None, None, None
 
 
-def rms_scale(inv: Tensor, x: Tensor, gains: Tensor | None, eps: float, l_max: int, F: int) -> Tensor:
-    """``x * (|mean(inv, 1)| + eps)^-1/2 * gains`` (gains per (rank, channel), ``[(l_max+1) F]``,
-    broadcast over components; ``None``: none). ``inv: [n, K]``, ``x: [n, (l_max+1)^2 F]``."""
-    return _RMSScale.apply(inv, x, gains, eps, l_max, F)
+def rms_norm(x: Tensor, forms: Tensor, gains: Tensor | None, eps: float, l_max: int, F: int) -> Tensor:
+    """``x * (|mean_lf I_lf| + eps)^-1/2 * gains`` with ``I_lf = x_lf^T G_l x_lf`` (:func:`invariants`;
+    ``forms``: the ``G_l``, rank after rank) and gains per (rank, channel) ``[(l_max+1) F]`` broadcast
+    over components (``None``: none). ``x: [n, (l_max+1)^2 F]``."""
+    return _RMSNorm.apply(x, forms, gains, eps, l_max, F)
 
 
 def _gate_forward(v: Tensor, z: Tensor, act: int, l_max: int, F: int) -> Tensor:
