@@ -21,11 +21,8 @@ from flashcart.cartesian._triton.codegen_double import generate_double_backward_
 from flashcart.cartesian._triton.source import product_key, product_spec
 from flashcart.testing import assert_close
 
-needs_triton = pytest.mark.skipif(
-    not triton_available() or not (os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()),
-    reason="Triton kernels need CUDA or TRITON_INTERPRET=1",
-)
-CPU = pytest.param("cpu", marks=pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter off"))
+from .triton_devices import needs_triton
+
 F64 = torch.float64
 
 # name: l1, l2, lout, F1, F2, shared weights, reduce paths, convolution

@@ -3,23 +3,14 @@ equal their ATen expressions: forward and backward (the kernels), double backwar
 gains' gradient (the ATen derivative they fall back to), float64 to 1e-12; and the blocks
 take them exactly in eager Triton calls. On CPU under TRITON_INTERPRET=1; on CUDA with -m gpu."""
 
-import os
-
 import pytest
 import torch
 
-from flashcart.cartesian._backend import triton_available
 from flashcart.nn.blocks import Gate, RMSNorm, rank_channel_index
 
-pytestmark = pytest.mark.skipif(
-    not triton_available() or not (os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()),
-    reason="Triton kernels need CUDA or TRITON_INTERPRET=1",
-)
+from .triton_devices import DEVICES, needs_triton
 
-DEVICES = [
-    pytest.param("cpu", marks=pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter off")),
-    pytest.param("cuda", marks=pytest.mark.gpu),
-]
+pytestmark = needs_triton
 TOL = {torch.float64: dict(rtol=1e-12, atol=1e-12), torch.float32: dict(rtol=2e-5, atol=2e-6)}
 
 

@@ -13,15 +13,8 @@ from flashcart.cartesian import DirectionExpansion, EquivariantLinear, TensorPro
 from flashcart.cartesian._backend import triton_available
 from flashcart.testing import assert_close
 
-needs_triton = pytest.mark.skipif(
-    not triton_available() or not (os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()),
-    reason="Triton kernels need CUDA or TRITON_INTERPRET=1",
-)
+from .triton_devices import DEVICES, needs_triton
 
-DEVICES = [
-    pytest.param("cpu", marks=pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter off")),
-    pytest.param("cuda", marks=pytest.mark.gpu),
-]
 TOL = {torch.float64: (1e-12, 1e-10), torch.float32: (2e-5, 2e-4)}
 
 CASES = [

@@ -86,6 +86,24 @@ def _act_and_slope(z, ACT: tl.constexpr):
 
 
 @triton.jit
+def _rank_block(l: tl.constexpr, F: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr):
+    """Rank ``l``'s block of a row: its columns ``l^2 F + m F + f`` as a ``[BLOCK_M, BLOCK_F]`` tile
+    (component ``m``, channel ``f``) and the tile's mask."""
+    m = tl.arange(0, BLOCK_M)[:, None]
+    f = tl.arange(0, BLOCK_F)[None, :]
+    return l * l * F + m * F + f, (m < 2 * l + 1) & (f < F)
+
+
+@triton.jit
+def _times_gains(t, g_ptr, l: tl.constexpr, F: tl.constexpr, BLOCK_F: tl.constexpr, GAINS: tl.constexpr):
+    """``t`` (rank ``l``'s tile) times the rank's gains per channel, with ``GAINS``."""
+    if GAINS:
+        f = tl.arange(0, BLOCK_F)[None, :]
+        t = t * tl.load(g_ptr + l * F + f, mask=f < F, other=0.0)
+    return t
+
+
+@triton.jit
 def _form_times(q_ptr, x, l: tl.constexpr, BLOCK_M: tl.constexpr):
     """``G_l x``: rank ``l``'s invariant form (``q_ptr``: the ranks' ``(2l+1)^2`` forms, rank after
     rank, row-major) times its components ``x: [BLOCK_M, BLOCK_F]`` (padding rows zero), per channel."""
@@ -115,22 +133,18 @@ def rms_norm_fwd(
     ``s = (|mean| + eps)^-1/2``; ``y[r] = x[r] * s * g``; ``stats[r] = (s, mean)``."""
     row = tl.program_id(0).to(tl.int64)
     W: tl.constexpr = (L_MAX + 1) * (L_MAX + 1) * F
-    m = tl.arange(0, BLOCK_M)[:, None]
-    f = tl.arange(0, BLOCK_F)[None, :]
     total = tl.sum(tl.zeros([BLOCK_F], dtype=x_ptr.dtype.element_ty), 0)
     for l in tl.static_range(L_MAX + 1):
-        x = tl.load(x_ptr + row * W + l * l * F + m * F + f, mask=(m < 2 * l + 1) & (f < F), other=0.0)
+        cols, mask = _rank_block(l, F, BLOCK_M, BLOCK_F)
+        x = tl.load(x_ptr + row * W + cols, mask=mask, other=0.0)
         total += tl.sum(tl.sum(x * _form_times(q_ptr, x, l, BLOCK_M), 1), 0)
     mean = total / ((L_MAX + 1) * F)
     s = 1.0 / tl.sqrt(tl.abs(mean) + tl.load(eps_ptr))
     tl.store(stats_ptr + 2 * row, s)
     tl.store(stats_ptr + 2 * row + 1, mean)
     for l in tl.static_range(L_MAX + 1):
-        mask = (m < 2 * l + 1) & (f < F)
-        cols = l * l * F + m * F + f
-        y = tl.load(x_ptr + row * W + cols, mask=mask, other=0.0) * s
-        if GAINS:
-            y = y * tl.load(g_ptr + l * F + f, mask=f < F, other=0.0)
+        cols, mask = _rank_block(l, F, BLOCK_M, BLOCK_F)
+        y = _times_gains(tl.load(x_ptr + row * W + cols, mask=mask, other=0.0) * s, g_ptr, l, F, BLOCK_F, GAINS)
         tl.store(y_ptr + row * W + cols, y, mask=mask)
 
 
@@ -154,24 +168,16 @@ def rms_norm_bwd(
     s = tl.load(stats_ptr + 2 * row)
     mean = tl.load(stats_ptr + 2 * row + 1)
     W: tl.constexpr = (L_MAX + 1) * (L_MAX + 1) * F
-    m = tl.arange(0, BLOCK_M)[:, None]
-    f = tl.arange(0, BLOCK_F)[None, :]
     dot = 0.0 * s
     for l in tl.static_range(L_MAX + 1):
-        mask = (m < 2 * l + 1) & (f < F)
-        cols = l * l * F + m * F + f
-        t = tl.load(gy_ptr + row * W + cols, mask=mask, other=0.0)
-        if GAINS:
-            t = t * tl.load(g_ptr + l * F + f, mask=f < F, other=0.0)
+        cols, mask = _rank_block(l, F, BLOCK_M, BLOCK_F)
+        t = _times_gains(tl.load(gy_ptr + row * W + cols, mask=mask, other=0.0), g_ptr, l, F, BLOCK_F, GAINS)
         dot += tl.sum(tl.sum(t * tl.load(x_ptr + row * W + cols, mask=mask, other=0.0), 1), 0)
     sign = tl.where(mean > 0, 1.0, tl.where(mean < 0, -1.0, 0.0))
     c = 2.0 * (dot * (-0.5 * s * s * s) * sign) / ((L_MAX + 1) * F)
     for l in tl.static_range(L_MAX + 1):
-        mask = (m < 2 * l + 1) & (f < F)
-        cols = l * l * F + m * F + f
-        t = tl.load(gy_ptr + row * W + cols, mask=mask, other=0.0)
-        if GAINS:
-            t = t * tl.load(g_ptr + l * F + f, mask=f < F, other=0.0)
+        cols, mask = _rank_block(l, F, BLOCK_M, BLOCK_F)
+        t = _times_gains(tl.load(gy_ptr + row * W + cols, mask=mask, other=0.0), g_ptr, l, F, BLOCK_F, GAINS)
         x = tl.load(x_ptr + row * W + cols, mask=mask, other=0.0)
         tl.store(gx_ptr + row * W + cols, t * s + c * _form_times(q_ptr, x, l, BLOCK_M), mask=mask)
 
@@ -191,12 +197,10 @@ def gate_fwd(
     row = tl.program_id(0).to(tl.int64)
     W: tl.constexpr = (L_MAX + 1) * (L_MAX + 1) * F
     G: tl.constexpr = (L_MAX + 1) * F
-    m = tl.arange(0, BLOCK_M)[:, None]
     f = tl.arange(0, BLOCK_F)[None, :]
     for l in tl.static_range(L_MAX + 1):
         a = _act(tl.load(z_ptr + row * G + l * F + f, mask=f < F, other=0.0), ACT)
-        mask = (m < 2 * l + 1) & (f < F)
-        cols = l * l * F + m * F + f
+        cols, mask = _rank_block(l, F, BLOCK_M, BLOCK_F)
         tl.store(y_ptr + row * W + cols, tl.load(v_ptr + row * W + cols, mask=mask, other=0.0) * a, mask=mask)
 
 
@@ -217,13 +221,11 @@ def gate_bwd(
     row = tl.program_id(0).to(tl.int64)
     W: tl.constexpr = (L_MAX + 1) * (L_MAX + 1) * F
     G: tl.constexpr = (L_MAX + 1) * F
-    m = tl.arange(0, BLOCK_M)[:, None]
     f1 = tl.arange(0, BLOCK_F)
     f = f1[None, :]
     for l in tl.static_range(L_MAX + 1):
         a, slope = _act_and_slope(tl.load(z_ptr + row * G + l * F + f, mask=f < F, other=0.0), ACT)
-        mask = (m < 2 * l + 1) & (f < F)
-        cols = l * l * F + m * F + f
+        cols, mask = _rank_block(l, F, BLOCK_M, BLOCK_F)
         gy = tl.load(gy_ptr + row * W + cols, mask=mask, other=0.0)
         tl.store(gv_ptr + row * W + cols, gy * a, mask=mask)
         gz = tl.sum(gy * tl.load(v_ptr + row * W + cols, mask=mask, other=0.0), 0) * tl.sum(slope, 0)
