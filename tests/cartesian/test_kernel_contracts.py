@@ -95,3 +95,21 @@ def test_module_names_are_dispatchers_over_the_custom_ops(name):
     dispatcher = getattr(ops, name)
     assert dispatcher.__name__ == name
     assert dispatcher.op._qualname == f"flashcart::{name}"  # the torch.library custom op
+
+
+@pytest.mark.parametrize("key", ["0|0|20|20|1", "3|3|20|20|4,5,5,3", "2|3|64|64|1,1,1", "3|2|20|20|1,1,1,1"])
+def test_grouped_plans_count_the_tiles_as_the_launch_rows_do(key):
+    """The grouped matmul's cached launch plan (``ops._grouped_plan``) gives the same programs per
+    launch as ``n_tiles`` for every launch kind, tile shape and row count, and the same
+    constants as the launch table (groups) and the unit axes."""
+    from flashcart.cartesian._triton.linear_kernel import NARROW_TILES, WIDE_TILES, kernel_unit_axes
+
+    for kind in (spec.FWD, spec.BWD_X, spec.BWD_W):
+        for tiles in (NARROW_TILES, WIDE_TILES):
+            for use_dot in (True, False):
+                plan = ops._grouped_plan(key, kind, use_dot, tiles, True)
+                for rows in (0, 1, 7, 1000, 158_000):
+                    assert plan.tiles(rows) == spec.n_tiles(key, kind, rows, tiles.bm, tiles.bn)
+                assert plan.constants["N_GROUPS"] == spec.launch_table(key).shape[1]
+                assert (plan.constants["UNIT"], plan.constants["ALIGN"]) == kernel_unit_axes(key, kind, use_dot)
+                assert ops._grouped_plan(key, kind, use_dot, tiles, False).constants["UNIT"] == 0
