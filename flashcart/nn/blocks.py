@@ -10,6 +10,7 @@ product; with a product following, the interaction and the gate carry ranks
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -29,11 +30,23 @@ def _fused_rowwise(x: torch.Tensor, backend: str):
     """The fused row-wise kernels (:mod:`flashcart.cartesian._triton.rowwise`) when a block on
     ``x`` takes them (eager calls on the Triton path), else ``None``. Imported here, not at the
     top: the PyTorch backend runs without Triton installed."""
-    if type(x) is not torch.Tensor or resolve_backend(backend, x) != "triton":
+    if resolve_backend(backend, x) != "triton":
         return None
     from ..cartesian._triton import rowwise
 
     return rowwise if rowwise.use_fused(x) else None
+
+
+@functools.lru_cache(maxsize=None)
+def _invariant_forms(l_max: int) -> torch.Tensor:
+    tp = TensorProduct(l_max, l_max, 0, 1, 1, symmetric=True, shared_weights=True, backend="torch").double()
+    ones = torch.ones(tp.weight_numel, dtype=torch.float64)
+    origin = torch.zeros((l_max + 1) ** 2, dtype=torch.float64)
+    forms = []
+    for l in range(l_max + 1):
+        hessian = torch.autograd.functional.hessian(lambda v, l=l: tp(v[None], v[None], ones)[0, l], origin)
+        forms.append((hessian[l * l : (l + 1) ** 2, l * l : (l + 1) ** 2] / 2).reshape(-1))
+    return torch.cat(forms)
 
 
 def invariant_forms(l_max: int) -> torch.Tensor:
@@ -42,35 +55,10 @@ def invariant_forms(l_max: int) -> torch.Tensor:
     ``(l, l) -> 0`` product of a rank-``l`` channel with itself (the path-resolved rank-0 output of
     ``TensorProduct(l_max, l_max, 0, symmetric=True)`` with unit weights).
 
-    Read off that product by polarisation on unit vectors (one channel, the PyTorch backend):
-    ``G_ii = I(e_i)``, ``G_ij = (I(e_i + e_j) - I(e_i) - I(e_j)) / 2``.
+    Read off that product (one channel, the PyTorch backend) as half its Hessian; computed once
+    per ``l_max`` and process, returned as a copy.
     """
-    tp = TensorProduct(l_max, l_max, 0, 1, 1, symmetric=True, shared_weights=True, backend="torch").double()
-    width = (l_max + 1) ** 2
-    rows, where = [], []
-    for l in range(l_max + 1):
-        d = 2 * l + 1
-        for i in range(d):
-            for j in range(i, d):
-                v = torch.zeros(width, dtype=torch.float64)
-                v[l * l + i] += 1.0
-                v[l * l + j] += 1.0
-                rows.append(v)
-                where.append((l, i, j))
-    x = torch.stack(rows)
-    inv = tp(x, x, torch.ones(tp.weight_numel, dtype=torch.float64))  # [rows, l_max + 1]
-    diag = {(l, i): float(inv[k, l]) / 4.0 for k, (l, i, j) in enumerate(where) if i == j}  # I(2 e_i) = 4 G_ii
-    forms = []
-    for l in range(l_max + 1):
-        d = 2 * l + 1
-        g = torch.zeros(d, d, dtype=torch.float64)
-        for i in range(d):
-            g[i, i] = diag[(l, i)]
-        forms.append(g)
-    for k, (l, i, j) in enumerate(where):
-        if i != j:
-            forms[l][i, j] = forms[l][j, i] = (float(inv[k, l]) - diag[(l, i)] - diag[(l, j)]) / 2.0
-    return torch.cat([g.reshape(-1) for g in forms])
+    return _invariant_forms(l_max).clone()
 
 
 def _leading(x: torch.Tensor, width: int) -> torch.Tensor:
