@@ -20,7 +20,9 @@ Variants (``--variants``): ``plain`` (Triton's own launcher); ``prebound`` (the 
 ``flashcart.cartesian._frozen.ENABLED`` off); ``unfused`` (as ``uncached``, and the RMS norm
 and the gate as ATen expressions instead of ``flashcart.cartesian._triton.rowwise``'s kernels);
 ``nolaunch`` (the default with every Triton launch skipped: the results are meaningless, the time
-is the host cost of everything but Triton's launches, so the difference to ``prebound`` is theirs).
+is the host cost of everything but Triton's launches, so the difference to ``prebound`` is theirs);
+``edges`` (the default with the edge features as ``flashcart.nn.edge_kernels``' two kernels,
+``FLASHCART_FUSED_EDGES=1``; the other variants keep the variable's setting).
 ``--with-profiler`` then runs ``flashcart-profile``'s
 inference timer for the same model and structure in this process, per variant.
 
@@ -45,9 +47,11 @@ from benchmarks.kernel_profile import MODELS, build, model_arguments  # noqa: E4
 from flashcart.cartesian import _frozen  # noqa: E402
 from flashcart.cartesian._triton import launcher, ops, rowwise, signatures  # noqa: E402
 from flashcart.model.predictor import Predictor  # noqa: E402
+from flashcart.nn import edge_features  # noqa: E402
 from flashcart.profiling import synchronize, time_per_call  # noqa: E402
 
 _REAL_TRACEABLE = signatures.traceable
+_FUSED_EDGES = edge_features.FUSED_EDGES  # as FLASHCART_FUSED_EDGES set it
 
 
 def _no_launch(kernel, probe):
@@ -64,14 +68,16 @@ def _set_variant(name: str) -> None:
     launcher.ENABLED = name != "plain"
     _frozen.ENABLED = name not in ("uncached", "unfused")
     rowwise.ENABLED = name != "unfused"
+    edge_features.FUSED_EDGES = True if name == "edges" else _FUSED_EDGES
     signatures.traceable = ops.traceable = _no_launch if name == "nolaunch" else _REAL_TRACEABLE
 
 
 # plain: Triton's own launcher; prebound: pre-bound launches (the default); uncached: pre-bound
 # launches, tensors derived from frozen parameters rebuilt on every call (flashcart.cartesian._frozen
 # off); unfused: uncached and the RMS norm and gate as ATen expressions (rowwise off); nolaunch: the
-# default with every Triton launch skipped (meaningless results: the host cost of everything else)
-VARIANTS = ("plain", "prebound", "uncached", "unfused", "nolaunch")
+# default with every Triton launch skipped (meaningless results: the host cost of everything else);
+# edges: the default with the fused edge features
+VARIANTS = ("plain", "prebound", "uncached", "unfused", "nolaunch", "edges")
 
 
 def timed(fn, device, calls: int) -> list[float]:

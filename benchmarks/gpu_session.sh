@@ -140,6 +140,8 @@
 #   rmsforms one GPU: the RMS norm's invariants in its kernel: GPU parity, tests/model, the eager force call A/B (about 6 minutes)
 #   eagersync one GPU: the eager force call's synchronisations and its host cProfile (about 3 minutes)
 #   eagernext one GPU: the eager force call without Triton launches, reduce-overhead force call and training step (about 8 minutes)
+#   edges    one GPU: the fused edge-feature kernels (FLASHCART_FUSED_EDGES): GPU parity, the eager force call A/B in one process
+#            and by the profiler, the compiled call's geometry kernel (about 8 minutes)
 #   rowwise  one GPU: the fused RMS-norm and gate kernels: GPU parity, tests/model, the eager force call A/B (about 9 minutes)
 #   eagercache one GPU: the eager force call with and without the frozen-parameter cache, the eager profiler, tests/model
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
@@ -942,6 +944,19 @@ engineneeds)
 geomdump)
   geomdump 200
   ;;
+edges)
+  # the edge features as two Triton kernels (flashcart.nn.edge_kernels, FLASHCART_FUSED_EDGES, eager only; not yet run on
+  # a GPU): GPU parity (float64 1e-12 to second order, float32; a whole force-and-stress call with and without), then the
+  # eager force call with them and without, interleaved in one process, and the profiler's eager force call in processes
+  # of its own with each setting; the compiled call's geometry kernel for comparison (about 8 minutes)
+  gpu_tests 0 "tests/nn/test_edge_features.py:120" > "$out/tests.log" 2>&1
+  timeout 200 python3 benchmarks/eager_overhead.py --device cuda --model i2c3f20l2r --structure diamond \
+    --variants prebound edges --rounds 10 --rows 30 > "$out/eager.log" 2>&1
+  for r in 1 2; do for f in 0 1; do
+    echo "FLASHCART_FUSED_EDGES=$f"; (export FLASHCART_FUSED_EDGES=$f; profile_run S eager inference 50)
+  done; done > "$out/profile_eager.log" 2>&1
+  geomdump 120
+  ;;
 rmsforms)
   # the RMS norm's invariants evaluated in its row-wise kernel (quadratic forms, no tensor-product launch): GPU parity
   # (float64 1e-12 to second order, float32; a whole force call with and without the kernels), tests/model's GPU
@@ -992,7 +1007,7 @@ ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, pathgroups, splitsauto, splitsautotrain, splitsparity, prefetch, prefetch2, geomdump, eagercache, rowwise, eagernext, eagersync, rmsforms or ddp)"; exit 2
+  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, pathgroups, splitsauto, splitsautotrain, splitsparity, prefetch, prefetch2, geomdump, eagercache, rowwise, eagernext, eagersync, rmsforms, edges or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ._components import dim
 
-__all__ = ["split_ranks", "layout_width", "edge_csr", "sort_key_dtype"]
+__all__ = ["split_ranks", "layout_width", "edge_csr", "edge_csr_reused", "sort_key_dtype"]
 
 
 def layout_width(l_max: int, n_features: int, n_paths: list[int] | None = None) -> int:
@@ -47,6 +48,40 @@ def edge_csr(receivers: torch.Tensor, senders: torch.Tensor, n_nodes: int) -> tu
     sorted_senders, perm = torch.sort(senders.to(key), stable=True)
     srowptr = torch.searchsorted(sorted_senders, nodes.to(key))
     return rowptr, perm, srowptr
+
+
+# receivers -> (key, senders, (rowptr, perm, srowptr)); weak in the receivers tensor
+_CSR: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def edge_csr_reused(receivers: torch.Tensor, senders: torch.Tensor, n_nodes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`edge_csr`, computed once per neighbour list in plain eager calls.
+
+    A simulation or the profiler evaluates the model many times on one neighbour list (the same
+    ``receivers`` and ``senders`` tensors); an eager call would sort the senders every time (a
+    ``torch.sort``, two ``searchsorted`` and their launches). The result is reused while both are
+    the same tensors, with the same storage and version counter (in-place writes bump it), and
+    ``n_nodes`` is the same. The entry lives as long as ``receivers`` and keeps ``senders``' storage
+    alive. Compiled, traced and captured calls (and ``flashcart.cartesian._frozen.ENABLED`` off)
+    compute it every time.
+    """
+    from . import _frozen
+
+    if (
+        not _frozen.ENABLED
+        or type(receivers) is not torch.Tensor
+        or type(senders) is not torch.Tensor
+        or not _frozen._plain_eager()
+        or (receivers.is_cuda and torch.cuda.is_current_stream_capturing())
+    ):
+        return edge_csr(receivers, senders, n_nodes)
+    key = (receivers.data_ptr(), receivers._version, id(senders), senders.data_ptr(), senders._version, n_nodes, receivers.device)
+    entry = _CSR.get(receivers)
+    if entry is not None and entry[0] == key:
+        return entry[2]
+    result = edge_csr(receivers, senders, n_nodes)
+    _CSR[receivers] = (key, senders.detach(), result)
+    return result
 
 
 def sort_key_dtype(n_nodes: int) -> torch.dtype:

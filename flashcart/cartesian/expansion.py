@@ -39,12 +39,17 @@ class DirectionExpansion(torch.nn.Module):
             raise ValueError(f"DirectionExpansion expects vectors of shape [n, 3], got {tuple(vectors.shape)}")
         if self.normalize:
             vectors = vectors / vectors.norm(dim=1, keepdim=True).clamp_min(self.eps)
-        if resolve_backend(self.backend, vectors) == "triton":
+        return self.of_unit(vectors)
+
+    def of_unit(self, u: torch.Tensor) -> torch.Tensor:
+        """The expansion of vectors ``u: [n, 3]`` taken as they are (already normalised: what
+        ``forward`` computes after its normalisation) ``-> [n, (l_max+1)^2]``."""
+        if resolve_backend(self.backend, u) == "triton":
             from ._triton.ops import direction_expansion
 
-            return direction_expansion(vectors, self.l_max)
+            return direction_expansion(u, self.l_max)
         with torch.profiler.record_function("flashcart::direction_expansion[torch]"):
-            return expansion_torch(vectors, self.l_max)
+            return expansion_torch(u, self.l_max)
 
 
 def expansion_torch(u: torch.Tensor, l_max: int) -> torch.Tensor:

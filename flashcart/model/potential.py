@@ -12,8 +12,10 @@ from typing import Any
 import torch
 from ase.data import atomic_numbers, chemical_symbols
 
-from ..cartesian import DirectionExpansion, edge_csr
+from ..cartesian import DirectionExpansion
+from ..cartesian._layout import edge_csr_reused
 from ..nn.blocks import Gate, Interaction, ProductBlock
+from ..nn.edge_features import edge_features
 from ..nn.edge_pairs import EdgePairs, edge_pairs, pairs_fit
 from ..nn.radial import MLP, ChebyshevBasis, PolynomialEnvelope
 
@@ -196,14 +198,11 @@ class FlashCartPotential(torch.nn.Module):
             shifts: ``[E, 3]`` integer image offsets; receivers/senders: ``[E]`` (grouped by
             receiver); edge_batch: ``[E]`` graph of each edge.
         """
-        # index_select: its backward is an index_add (no sort), unlike advanced indexing
-        image = (shifts.to(positions.dtype)[:, :, None] * cell.index_select(0, edge_batch)).sum(1)
-        vec = positions.index_select(0, senders) - positions.index_select(0, receivers) + image
-        d = torch.sqrt((vec * vec).sum(-1) + 1e-30)
-        attrs = self.expansion(vec)
-        env = self.envelope(d)
-        radial = self.basis(d) * env[:, None]
-        csr = edge_csr(receivers, senders, positions.shape[0])
+        edges = edge_features(
+            positions, cell, shifts, receivers, senders, edge_batch, self.basis, self.envelope, self.expansion.eps, self.expansion.backend
+        )
+        attrs, radial, env = self.expansion.of_unit(edges.unit), edges.radial, edges.env
+        csr = edge_csr_reused(receivers, senders, positions.shape[0])
         node_embed = self.element_embedding(types) if hasattr(self, "element_embedding") else None
         pairs = self._edge_pairs(receivers, senders, shifts, env, positions.shape[0])
         x = self.embedding(types)

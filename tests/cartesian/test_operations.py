@@ -216,6 +216,31 @@ def test_edge_csr_against_counts(n_nodes, n_edges):
         assert torch.equal(mine, torch.sort(mine).values) and bool((senders[mine] == node).all())
 
 
+def test_edge_csr_is_reused_per_neighbour_list_until_it_changes(monkeypatch):
+    """``edge_csr_reused`` returns the same tensors for the same unchanged receivers and senders,
+    and a fresh result after an in-place write, for other senders or another node count; with
+    ``_frozen.ENABLED`` off it computes every time."""
+    from flashcart.cartesian import _frozen
+    from flashcart.cartesian._layout import edge_csr, edge_csr_reused
+
+    receivers = torch.tensor([0, 0, 1, 2, 2, 2])
+    senders = torch.tensor([1, 2, 0, 0, 1, 1])
+    first = edge_csr_reused(receivers, senders, 3)
+    assert all(a is b for a, b in zip(first, edge_csr_reused(receivers, senders, 3)))
+    for a, b in zip(first, edge_csr(receivers, senders, 3)):
+        assert torch.equal(a, b)
+    assert edge_csr_reused(receivers, senders, 4)[0].shape[0] == 5
+    other = senders.clone()
+    assert edge_csr_reused(receivers, other, 3)[1] is not first[1]
+    senders[0] = 2  # in place: the version counter moves
+    fresh = edge_csr_reused(receivers, senders, 3)
+    for a, b in zip(fresh, edge_csr(receivers, senders, 3)):
+        assert torch.equal(a, b)
+    assert not torch.equal(fresh[2], first[2])
+    monkeypatch.setattr(_frozen, "ENABLED", False)
+    assert edge_csr_reused(receivers, senders, 3)[1] is not edge_csr_reused(receivers, senders, 3)[1]
+
+
 def test_sort_key_dtype_holds_every_index():
     from flashcart.cartesian._layout import sort_key_dtype
 
