@@ -140,8 +140,11 @@ def profile(cfg: dict[str, Any], progress: bool = True, out: Callable[[str], Non
         _, batches = _load_batches(data_path, cfg, cfg["profile_batch_size"], model, device, progress)
 
         def inference():
-            for b in batches:
-                predictor(b, forces=True)
+            # parameters frozen once per pass, as a simulation's engine holds them (a call with
+            # parameters that require grad freezes and thaws every one of them itself)
+            with predictor.frozen():
+                for b in batches:
+                    predictor(b, forces=True)
 
         out(_describe("inference", data_path, batches))
         if device.type == "cuda":

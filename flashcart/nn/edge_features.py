@@ -84,13 +84,17 @@ def edge_features_reference(
 
 
 def _use_fused(positions: torch.Tensor, backend: str) -> bool:
-    """Whether this call takes the fused kernels: opted in, the Triton path, a plain eager call."""
-    if not FUSED_EDGES:
+    """Whether this call takes the fused kernels: opted in, the Triton path, a plain eager call
+    that is not being captured into a CUDA graph (a replay pays no host work per operation, and
+    the kernels' constants may not be uploaded during a capture)."""
+    if not FUSED_EDGES or type(positions) is not torch.Tensor:
         return False
     from ..cartesian._backend import resolve_backend
     from ..cartesian._frozen import _plain_eager
 
-    return resolve_backend(backend, positions) == "triton" and type(positions) is torch.Tensor and _plain_eager()
+    if positions.is_cuda and torch.cuda.is_current_stream_capturing():
+        return False
+    return resolve_backend(backend, positions) == "triton" and _plain_eager()
 
 
 def edge_features(
