@@ -180,3 +180,34 @@ def test_an_empty_hook_chain_is_no_hook():
     assert launcher._hook_installed(Chain([print])) and launcher._hook_installed(print)
     knobs = pytest.importorskip("triton.knobs")
     assert not launcher._hook_installed(knobs.runtime.launch_enter_hook)  # nothing installed here
+
+
+def test_the_inline_key_equals_the_key_of_each_value():
+    """``specialisation`` keys plain tensors and parameters inline; every key equals the one the
+    per-value rule (``_spec``) gives, for every kind of argument, so the inline path selects the
+    same pre-bound launcher as before (on any device: the key reads only dtype and address)."""
+
+    class Sub(torch.Tensor):
+        pass
+
+    base = torch.zeros(64, dtype=torch.float32)
+    values = {
+        "aligned": base,
+        "offset": base[1:],  # 4 bytes past a 16-byte boundary
+        "int64": torch.zeros(3, dtype=torch.int64),
+        "param": torch.nn.Parameter(torch.zeros(4, dtype=torch.float64)),
+        "sub": base.as_subclass(Sub),
+        "one": 1,
+        "sixteen": 32,
+        "big": 2**40,
+        "flag": True,
+        "none": None,
+        "scale": 0.5,
+        "dtype": torch.float16,
+        "BLOCK": 64,
+    }
+    names = list(values)
+    constexprs = frozenset({"BLOCK"})
+    expected = tuple(("constexpr", values[n]) if n in constexprs else launcher._spec(values[n]) for n in names)
+    assert launcher.specialisation(names, values, constexprs) == expected
+    assert expected[0] != expected[1]  # the address's alignment is part of the key

@@ -85,10 +85,23 @@ def _spec(value: Any) -> Any:
     return ("other", value)  # dtypes and other constexpr values (hashable)
 
 
+_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
 def specialisation(arg_names: list[str] | tuple[str, ...], values: dict[str, Any], constexprs: frozenset[str] = frozenset()) -> tuple:
     """The part of the launcher key that Triton's specialisation decides (see the module docs);
-    ``constexprs`` by value."""
-    return tuple(("constexpr", values[name]) if name in constexprs else _spec(values[name]) for name in arg_names)
+    ``constexprs`` by value. Runs on every eager launch: plain tensors, the common case, are
+    keyed inline (as :func:`_spec` keys them) without its chain of type tests."""
+    key = []
+    for name in arg_names:
+        value = values[name]
+        if name in constexprs:
+            key.append(("constexpr", value))
+        elif type(value) in _TENSORS:
+            key.append((value.dtype, value.data_ptr() % 16 == 0))
+        else:
+            key.append(_spec(value))
+    return tuple(key)
 
 
 def _constexpr_names(kernel: Any) -> frozenset[str]:
