@@ -13,6 +13,7 @@ import torch
 from ase.data import atomic_numbers, chemical_symbols
 
 from ..cartesian import DirectionExpansion
+from ..cartesian._frozen import frozen_derived
 from ..cartesian._layout import edge_csr_reused
 from ..nn.blocks import Gate, Interaction, ProductBlock
 from ..nn.edge_features import edge_features
@@ -203,9 +204,9 @@ class FlashCartPotential(torch.nn.Module):
         )
         attrs, radial, env = self.expansion.of_unit(edges.unit), edges.radial, edges.env
         csr = edge_csr_reused(receivers, senders, positions.shape[0])
-        node_embed = self.element_embedding(types) if hasattr(self, "element_embedding") else None
+        node_embed = self._embedded(self.element_embedding, types) if hasattr(self, "element_embedding") else None
         pairs = self._edge_pairs(receivers, senders, shifts, env, positions.shape[0])
-        x = self.embedding(types)
+        x = self._embedded(self.embedding, types)
         scalars = []
         for interaction, gate, product in zip(self.interactions, self.gates, self.products):
             a = interaction(x, attrs, radial, receivers, senders, csr, node_embed, pairs)
@@ -213,7 +214,23 @@ class FlashCartPotential(torch.nn.Module):
             x = product(a, types)
             scalars.append(x[:, : self.F])
         e = self.readout(torch.cat(scalars, dim=1)).squeeze(-1)
-        return e * self.scale[types].to(e.dtype) + self.atomic_shifts[types].to(e.dtype)
+        scale, shift = self._site_affine(types, e.dtype)
+        return e * scale + shift
+
+    def _embedded(self, embedding: torch.nn.Embedding, types: torch.Tensor) -> torch.Tensor:
+        """``embedding(types)``, looked up once per types tensor while the embedding is frozen (eager
+        calls: a simulation's steps share one types tensor)."""
+        return frozen_derived(embedding, "rows", [embedding.weight, types], lambda: embedding(types))
+
+    def _site_affine(self, types: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each atom's energy scale and shift ``[N]`` in ``dtype``: gathered once per types tensor
+        in eager calls (the same tensor on every step of a simulation; two gathers and two copies
+        otherwise), every time elsewhere (:func:`~flashcart.cartesian._frozen.frozen_derived`)."""
+        sources = [types, self.scale, self.atomic_shifts]
+        affine = frozen_derived(
+            self, f"site_affine_{dtype}", sources, lambda: torch.stack([self.scale[types], self.atomic_shifts[types]]).to(dtype)
+        )
+        return affine[0], affine[1]
 
     def radial_pairs_used(self, cuda: bool, compiled: bool = False) -> bool:
         """Whether a call on CUDA tensors (or not), compiled with ``torch.compile`` (or eager),

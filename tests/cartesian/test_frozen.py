@@ -3,6 +3,7 @@ parameters are frozen and unchanged, rebuilt after any change, never used where 
 compilation or another dtype needs a fresh one; models give the same results with and without."""
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -134,3 +135,32 @@ def test_force_calls_follow_training_steps(triton):
             ((train["energy"] ** 2).sum() + (train["forces"] ** 2).sum()).backward()
         opt.step()
     assert len(set(energies)) == 2  # the steps changed the model, and the cached calls saw it
+
+
+@pytest.mark.usefixtures("cache_on")
+def test_node_embeddings_and_energy_affine_follow_their_buffers_and_types():
+    """The embedding rows and each atom's energy scale and shift, gathered once per types tensor in
+    frozen eager calls, follow in-place changes of the shifts and scales and a new types tensor."""
+    model = _model(False)
+    batch = _batch(model)
+    predictor = Predictor(model, pad=False)
+    with predictor.frozen():
+        first = predictor(batch, forces=False)["energy"]
+        assert any(slot[0].startswith("site_affine") for slot in _frozen._CACHE[model])
+        assert ("rows", False) in _frozen._CACHE[model.embedding]
+        with torch.no_grad():
+            model.atomic_shifts.add_(0.5)  # in place: every atom's energy 0.5 eV higher
+        shifted = predictor(batch, forces=False)["energy"]
+        torch.testing.assert_close(shifted, first + 0.5 * batch.positions.shape[0], rtol=0, atol=1e-12)
+        with torch.no_grad():
+            model.scale.mul_(2.0)
+        scaled = predictor(batch, forces=False)["energy"]
+        # E = sum_i (s_i e_i + a_i): doubling every s_i doubles sum_i s_i e_i = first - sum_i (a_i - 0.5)
+        n, shifts = batch.positions.shape[0], model.atomic_shifts[batch.types].sum()
+        torch.testing.assert_close(scaled, 2 * (first - (shifts - 0.5 * n)) + shifts, rtol=0, atol=1e-9)
+        other = replace(batch, types=batch.types.flip(0).clone())  # another types tensor: other gathers
+        swapped = predictor(other, forces=False)["energy"]
+    _frozen.ENABLED = False
+    reference = Predictor(copy.deepcopy(model), pad=False)(other, forces=False)["energy"]
+    _frozen.ENABLED = True
+    torch.testing.assert_close(swapped, reference, rtol=0, atol=1e-12)
