@@ -281,6 +281,8 @@ class FlashCartPotential(torch.nn.Module):
     def forward(self, positions, types, cell, shifts, receivers, senders, batch, edge_batch, n_graphs: int):
         """Energies per graph ``[G]`` (eV)."""
         site = self.site_energies(positions, types, cell, shifts, receivers, senders, edge_batch)
+        if n_graphs == 1:  # one structure (a simulation's call): a sum, whose backward broadcasts instead of gathering
+            return site.sum(0, keepdim=True)
         return torch.zeros(n_graphs, dtype=site.dtype, device=site.device).index_add(0, batch, site)
 
     def predict(self, batch, forces: bool = True, stress: bool = False, create_graph: bool = False) -> dict[str, torch.Tensor]:
