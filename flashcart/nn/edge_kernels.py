@@ -45,8 +45,12 @@ BLOCK_EDGES = 128
 
 
 @triton.jit
-def _edge_vector(pos_ptr, cell_ptr, shift_ptr, recv_ptr, send_ptr, graph_ptr, e, live):
-    """``x[sender] - x[receiver] + S @ cell[graph]`` of edges ``e`` (``[BLOCK]`` each component)."""
+def _edge_vector(pos_ptr, cell_ptr, shift_ptr, recv_ptr, send_ptr, graph_ptr, BLOCK: tl.constexpr, n_edges):
+    """This program's edges ``e`` (``[BLOCK]``), which of them exist, their vectors
+    ``x[sender] - x[receiver] + S @ cell[graph]`` (a ``[BLOCK]`` per component), ``|vec|^2`` and
+    ``d = sqrt(|vec|^2 + 1e-30)``."""
+    e = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    live = e < n_edges
     dt = pos_ptr.dtype.element_ty
     r = tl.load(recv_ptr + e, mask=live, other=0)
     s = tl.load(send_ptr + e, mask=live, other=0)
@@ -61,7 +65,8 @@ def _edge_vector(pos_ptr, cell_ptr, shift_ptr, recv_ptr, send_ptr, graph_ptr, e,
     vx = tl.load(pos_ptr + 3 * s, mask=live, other=0.0) - tl.load(pos_ptr + 3 * r, mask=live, other=0.0) + ix
     vy = tl.load(pos_ptr + 3 * s + 1, mask=live, other=0.0) - tl.load(pos_ptr + 3 * r + 1, mask=live, other=0.0) + iy
     vz = tl.load(pos_ptr + 3 * s + 2, mask=live, other=0.0) - tl.load(pos_ptr + 3 * r + 2, mask=live, other=0.0) + iz
-    return vx, vy, vz
+    d2 = vx * vx + vy * vy + vz * vz
+    return e, live, vx, vy, vz, d2, tl.sqrt(d2 + 1e-30)
 
 
 @triton.jit
@@ -139,11 +144,7 @@ def edge_features_fwd(
     BLOCK: tl.constexpr,
 ):
     """Edges ``e``: ``unit[e] = vec / max(|vec|, eps)``, ``env[e] = u(d)``, ``radial[e, k] = B_k(d) u(d)``."""
-    e = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    live = e < n_edges
-    vx, vy, vz = _edge_vector(pos_ptr, cell_ptr, shift_ptr, recv_ptr, send_ptr, graph_ptr, e, live)
-    d2 = vx * vx + vy * vy + vz * vz
-    d = tl.sqrt(d2 + 1e-30)
+    e, live, vx, vy, vz, d2, d = _edge_vector(pos_ptr, cell_ptr, shift_ptr, recv_ptr, send_ptr, graph_ptr, BLOCK, n_edges)
     den = tl.maximum(tl.sqrt(d2), tl.load(par_ptr + 4))
     tl.store(unit_ptr + 3 * e, vx / den, mask=live)
     tl.store(unit_ptr + 3 * e + 1, vy / den, mask=live)
@@ -175,11 +176,7 @@ def edge_features_bwd(
     BLOCK: tl.constexpr,
 ):
     """Edges ``e``: ``g_vec = J_unit^T g_unit + (sum_k g_radial[k] d radial_k / dd) vec / d``."""
-    e = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    live = e < n_edges
-    vx, vy, vz = _edge_vector(pos_ptr, cell_ptr, shift_ptr, recv_ptr, send_ptr, graph_ptr, e, live)
-    d2 = vx * vx + vy * vy + vz * vz
-    d = tl.sqrt(d2 + 1e-30)
+    e, live, vx, vy, vz, d2, d = _edge_vector(pos_ptr, cell_ptr, shift_ptr, recv_ptr, send_ptr, graph_ptr, BLOCK, n_edges)
     norm = tl.sqrt(d2)
     eps = tl.load(par_ptr + 4)
     # unit = vec / max(|vec|, eps): (g - u (u . g)) / |vec| where |vec| >= eps (the clamp passes
