@@ -24,6 +24,8 @@ from typing import NamedTuple
 
 import torch
 
+from ..cartesian import _frozen
+from ..cartesian._backend import resolve_backend
 from .radial import ChebyshevBasis, PolynomialEnvelope
 
 __all__ = ["EdgeFeatures", "edge_features", "edge_features_reference", "FUSED_EDGES", "fused_edges_mode"]
@@ -85,16 +87,13 @@ def edge_features_reference(
 
 def _use_fused(positions: torch.Tensor, backend: str) -> bool:
     """Whether this call takes the fused kernels: opted in, the Triton path, a plain eager call
-    that is not being captured into a CUDA graph (a replay pays no host work per operation, and
-    the kernels' constants may not be uploaded during a capture)."""
+    that is not being captured into a CUDA graph (a replay pays no host work per operation, which
+    is all the kernels save)."""
     if not FUSED_EDGES or type(positions) is not torch.Tensor:
         return False
-    from ..cartesian._backend import resolve_backend
-    from ..cartesian._frozen import _plain_eager
-
     if positions.is_cuda and torch.cuda.is_current_stream_capturing():
         return False
-    return resolve_backend(backend, positions) == "triton" and _plain_eager()
+    return resolve_backend(backend, positions) == "triton" and _frozen._plain_eager()
 
 
 def edge_features(

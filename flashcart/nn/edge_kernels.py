@@ -14,8 +14,8 @@ itself be differentiable (``create_graph``: training on forces) differentiates t
 expression (:func:`~flashcart.nn.edge_features.edge_features_reference`) instead.
 
 Scalars that must keep the features' precision (``r_max``, ``r_min``, pi, ``eps``) reach the
-kernels in a small tensor of the features' dtype: a Python float argument or literal would reach
-them as float32.
+kernels in a small tensor of the features' dtype (``common.kernel_constants``, as the RMS norm's
+``eps``): a Python float argument or literal would reach them as float32.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ..cartesian._triton.common import next_pow2
+from ..cartesian._triton.common import kernel_constants, next_pow2
 from ..cartesian._triton.signatures import launch_kernel
 from .radial import ChebyshevBasis, PolynomialEnvelope
 
@@ -203,17 +203,10 @@ def edge_features_bwd(
 # launches
 # ---------------------------------------------------------------------------------------------
 
-_PARAMS: dict = {}
-
 
 def _parameters(basis: ChebyshevBasis, envelope: PolynomialEnvelope, eps: float, like: Tensor) -> Tensor:
-    """The kernels' constants in ``like``'s dtype and device, made once per value set."""
-    values = (envelope.r_max, basis.r_min, basis.r_max - basis.r_min, math.pi, eps)
-    key = (values, like.dtype, like.device)
-    t = _PARAMS.get(key)
-    if t is None:
-        t = _PARAMS[key] = torch.tensor(values, dtype=like.dtype, device=like.device)
-    return t
+    """The kernels' constants in ``like``'s dtype and device (see the module docstring)."""
+    return kernel_constants((envelope.r_max, basis.r_min, basis.r_max - basis.r_min, math.pi, eps), like)
 
 
 def _layout(basis: ChebyshevBasis, envelope: PolynomialEnvelope) -> dict:
@@ -241,21 +234,20 @@ class _EdgeFeatures(torch.autograd.Function):
         values.update(unit_ptr=unit, radial_ptr=radial, env_ptr=env, n_edges=n_edges, **_layout(basis, envelope))
         launch_kernel(edge_features_fwd, positions, _grid(n_edges), values, {"num_warps": 4})
         ctx.save_for_backward(positions, cell, shifts, receivers, senders, edge_batch)
-        ctx.basis, ctx.envelope, ctx.eps = basis, envelope, eps
+        ctx.basis, ctx.envelope, ctx.eps, ctx.par = basis, envelope, eps, par
         ctx.mark_non_differentiable(env)
         return unit, radial, env
 
     @staticmethod
     def backward(ctx, g_unit, g_radial, _g_env):
         positions, cell, shifts, receivers, senders, edge_batch = ctx.saved_tensors
-        need_pos, need_cell = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if torch.is_grad_enabled():
             # a differentiable backward (create_graph): the ATen expression's derivative
             return _reference_backward(ctx, g_unit, g_radial) + (None,) * 7
-        par = _parameters(ctx.basis, ctx.envelope, ctx.eps, positions)
+        need_pos, need_cell = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         n_edges = receivers.shape[0]
         g_vec = torch.empty(n_edges, 3, dtype=positions.dtype, device=positions.device)
-        values = _graph_args(positions, cell, shifts, receivers, senders, edge_batch, par)
+        values = _graph_args(positions, cell, shifts, receivers, senders, edge_batch, ctx.par)
         values.update(
             g_unit_ptr=g_unit.contiguous(),
             g_radial_ptr=g_radial.contiguous(),

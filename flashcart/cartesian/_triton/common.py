@@ -11,6 +11,7 @@ from torch import Tensor
 from .source import ProductSpec, product_spec
 
 __all__ = [
+    "kernel_constants",
     "DT",
     "block_f",
     "cdiv",
@@ -54,6 +55,21 @@ def kernel_op(name: str):
 def cdiv(a: int, b: int) -> int:
     """``ceil(a / b)`` for non-negative ``a`` and positive ``b``."""
     return -(-a // b)
+
+
+_CONSTANTS: dict = {}
+
+
+def kernel_constants(values: tuple[float, ...], like: Tensor) -> Tensor:
+    """``values`` as a ``[len(values)]`` tensor of ``like``'s dtype and device, made once per
+    values, dtype and device: constants a kernel reads at the features' precision (a Python float
+    argument or literal reaches a Triton kernel as float32). Built by fills, no host-to-device
+    copy, so a first call inside a CUDA-graph capture is allowed."""
+    key = (values, like.dtype, like.device)
+    t = _CONSTANTS.get(key)
+    if t is None:
+        t = _CONSTANTS[key] = torch.stack([torch.full((), v, dtype=like.dtype, device=like.device) for v in values])
+    return t
 
 
 def next_pow2(n: int) -> int:

@@ -36,7 +36,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .. import _frozen
-from .common import next_pow2
+from .common import kernel_constants, next_pow2
 from .signatures import launch_kernel
 
 __all__ = ["ENABLED", "ACTIVATIONS", "use_fused", "rms_norm", "rms_norm_reference", "invariants", "gated"]
@@ -241,25 +241,14 @@ def _layout(l_max: int, F: int) -> dict:
     return dict(L_MAX=l_max, F=F, BLOCK_M=next_pow2(2 * l_max + 1), BLOCK_F=next_pow2(F))
 
 
-_EPS: dict = {}
-
-
-def _eps(eps: float, like: Tensor) -> Tensor:
-    """``eps`` as a one-element tensor of ``like``'s dtype and device (a float argument would
-    reach the kernel as float32), made once per value, dtype and device."""
-    key = (eps, like.dtype, like.device)
-    t = _EPS.get(key)
-    if t is None:
-        t = _EPS[key] = torch.full((1,), eps, dtype=like.dtype, device=like.device)
-    return t
-
-
 def _rms_forward(x: Tensor, forms: Tensor, gains: Tensor | None, eps: float, l_max: int, F: int) -> tuple[Tensor, Tensor]:
     n = x.shape[0]
     y = torch.empty_like(x)
     stats = torch.empty(n, 2, dtype=x.dtype, device=x.device)
     if n:
-        values = dict(x_ptr=x, q_ptr=forms, g_ptr=gains if gains is not None else x, y_ptr=y, stats_ptr=stats, eps_ptr=_eps(eps, x))
+        values = dict(
+            x_ptr=x, q_ptr=forms, g_ptr=gains if gains is not None else x, y_ptr=y, stats_ptr=stats, eps_ptr=kernel_constants((eps,), x)
+        )
         values.update(GAINS=gains is not None, **_layout(l_max, F))
         launch_kernel(rms_norm_fwd, x, (n,), values, {"num_warps": _warps(x.shape[1])})
     return y, stats
