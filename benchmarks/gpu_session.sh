@@ -946,10 +946,11 @@ geomdump)
   ;;
 edges)
   # the edge features as two Triton kernels (flashcart.nn.edge_kernels, FLASHCART_FUSED_EDGES, eager only; not yet run on
-  # a GPU): GPU parity (float64 1e-12 to second order, float32; a whole force-and-stress call with and without), then the
+  # a GPU): GPU parity (float64 1e-12 to second order, float32; a whole force-and-stress call with and without; the RMS
+  # norm and gate, whose eps constant is now built by common.kernel_constants), then the
   # eager force call with them and without, interleaved in one process, and the profiler's eager force call in processes
   # of its own with each setting; the compiled call's geometry kernel for comparison (about 8 minutes)
-  gpu_tests 0 "tests/nn/test_edge_features.py:120" > "$out/tests.log" 2>&1
+  gpu_tests 0 "tests/nn/test_edge_features.py tests/cartesian/test_rowwise.py:180" > "$out/tests.log" 2>&1
   timeout 200 python3 benchmarks/eager_overhead.py --device cuda --model i2c3f20l2r --structure diamond \
     --variants prebound edges --rounds 10 --rows 30 > "$out/eager.log" 2>&1
   for r in 1 2; do for f in 0 1; do
