@@ -11,8 +11,8 @@ graph's cell, rows are lattice vectors):
   input.
 
 :func:`edge_features` evaluates them as ATen operations (:func:`edge_features_reference`:
-about 35 operations forward and 45 autograd nodes back), or, in plain eager calls that opt in
-(:data:`FUSED_EDGES`), as one Triton kernel each way (:mod:`flashcart.nn.edge_kernels`), plus the
+about 35 operations forward and 45 autograd nodes back), or, in plain eager calls on the Triton
+path (unless :data:`FUSED_EDGES` is off), as one Triton kernel each way (:mod:`flashcart.nn.edge_kernels`), plus the
 scatter of the edges' gradients to the atoms. An eager force call on the GPU is bound by such
 host work per operation (benchmarks/RESULTS.md, issue 14).
 """
@@ -32,10 +32,10 @@ __all__ = ["EdgeFeatures", "edge_features", "edge_features_reference", "FUSED_ED
 
 
 def fused_edges_mode() -> bool:
-    """``FLASHCART_FUSED_EDGES``: ``1`` eager Triton calls compute the edge features with
-    :mod:`flashcart.nn.edge_kernels`; ``0`` (default, until the kernels have run on a GPU) the ATen
-    operations. Anything else is an error naming the variable."""
-    raw = os.environ.get("FLASHCART_FUSED_EDGES", "").strip() or "0"
+    """``FLASHCART_FUSED_EDGES``: ``1`` (default) eager Triton calls compute the edge features with
+    :mod:`flashcart.nn.edge_kernels`; ``0`` the ATen operations. Anything else is an error naming
+    the variable."""
+    raw = os.environ.get("FLASHCART_FUSED_EDGES", "").strip() or "1"
     if raw not in ("0", "1"):
         raise ValueError(f"environment variable FLASHCART_FUSED_EDGES must be 0 or 1, got {raw!r}")
     return raw == "1"
@@ -86,7 +86,7 @@ def edge_features_reference(
 
 
 def _use_fused(positions: torch.Tensor, backend: str) -> bool:
-    """Whether this call takes the fused kernels: opted in, the Triton path, a plain eager call
+    """Whether this call takes the fused kernels: not switched off, the Triton path, a plain eager call
     that is not being captured into a CUDA graph (a replay pays no host work per operation, which
     is all the kernels save)."""
     if not FUSED_EDGES or type(positions) is not torch.Tensor:
