@@ -144,6 +144,10 @@
 #            and by the profiler, the compiled call's geometry kernel (about 8 minutes)
 #   rowwise  one GPU: the fused RMS-norm and gate kernels: GPU parity, tests/model, the eager force call A/B (about 9 minutes)
 #   eagercache one GPU: the eager force call with and without the frozen-parameter cache, the eager profiler, tests/model
+#   edgesdefault one GPU: with the fused edge features on by default: their GPU parity, tests/model's and the integrations'
+#            GPU tests (the physics battery through the eager Triton path), the profiler's eager force call (about 9 minutes)
+#   prefetchtrain one GPU: the trainer's reduce-overhead step with FLASHCART_INDEX_PREFETCH 0 and auto, a process each
+#            (the A/B that part prefetch2 did not reach; about 8 minutes)
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -943,6 +947,19 @@ engineneeds)
   ;;
 geomdump)
   geomdump 200
+  ;;
+edgesdefault)
+  # the fused edge features now on by default (FLASHCART_FUSED_EDGES unset): their GPU parity (the float64 gradient
+  # comparison without the zero-length edge's cancelling terms, that edge alone exactly zero), tests/model's GPU tests,
+  # the integrations' GPU tests (the physics battery, the engines and OpenMM's CUDA platform), then the profiler's eager
+  # force call twice (about 9 minutes)
+  gpu_tests 0 "tests/nn/test_edge_features.py:100" tests/model:140 tests/integrations/test_gpu.py:220 > "$out/tests.log" 2>&1
+  for r in 1 2; do profile_run S eager inference 50; done > "$out/profile_eager.log" 2>&1
+  ;;
+prefetchtrain)
+  # FLASHCART_INDEX_PREFETCH 0 against auto (the default) in the trainer's reduce-overhead step (and the force call), a
+  # process each, caches off (about 8 minutes)
+  env_ab FLASHCART_INDEX_PREFETCH "0 auto" 260 --training > "$out/calls_prefetch_training.log" 2>&1
   ;;
 edges)
   # the edge features as two Triton kernels (flashcart.nn.edge_kernels, FLASHCART_FUSED_EDGES, eager only; not yet run on
