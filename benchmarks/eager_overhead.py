@@ -21,8 +21,9 @@ Variants (``--variants``): ``plain`` (Triton's own launcher); ``prebound`` (the 
 and the gate as ATen expressions instead of ``flashcart.cartesian._triton.rowwise``'s kernels);
 ``nolaunch`` (the default with every Triton launch skipped: the results are meaningless, the time
 is the host cost of everything but Triton's launches, so the difference to ``prebound`` is theirs);
-``edges`` (the default with the edge features as ``flashcart.nn.edge_kernels``' two kernels,
-``FLASHCART_FUSED_EDGES=1``; the other variants keep the variable's setting).
+``atenedges`` (the default with the edge features as ATen operations instead of
+``flashcart.nn.edge_kernels``' two kernels, ``FLASHCART_FUSED_EDGES=0``; the other variants keep
+the variable's setting, on by default).
 ``--with-profiler`` then runs ``flashcart-profile``'s
 inference timer for the same model and structure in this process, per variant.
 
@@ -68,7 +69,7 @@ def _set_variant(name: str) -> None:
     launcher.ENABLED = name != "plain"
     _frozen.ENABLED = name not in ("uncached", "unfused")
     rowwise.ENABLED = name != "unfused"
-    edge_features.FUSED_EDGES = True if name == "edges" else _FUSED_EDGES
+    edge_features.FUSED_EDGES = False if name == "atenedges" else _FUSED_EDGES
     signatures.traceable = ops.traceable = _no_launch if name == "nolaunch" else _REAL_TRACEABLE
 
 
@@ -76,8 +77,8 @@ def _set_variant(name: str) -> None:
 # launches, tensors derived from frozen parameters rebuilt on every call (flashcart.cartesian._frozen
 # off); unfused: uncached and the RMS norm and gate as ATen expressions (rowwise off); nolaunch: the
 # default with every Triton launch skipped (meaningless results: the host cost of everything else);
-# edges: the default with the fused edge features
-VARIANTS = ("plain", "prebound", "uncached", "unfused", "nolaunch", "edges")
+# atenedges: the default with the edge features as ATen operations (not fused)
+VARIANTS = ("plain", "prebound", "uncached", "unfused", "nolaunch", "atenedges")
 
 
 def timed(fn, device, calls: int) -> list[float]:

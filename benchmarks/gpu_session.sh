@@ -145,7 +145,7 @@
 #   rowwise  one GPU: the fused RMS-norm and gate kernels: GPU parity, tests/model, the eager force call A/B (about 9 minutes)
 #   eagercache one GPU: the eager force call with and without the frozen-parameter cache, the eager profiler, tests/model
 #   edgesdefault one GPU: with the fused edge features on by default: their GPU parity, tests/model's and the integrations'
-#            GPU tests (the physics battery through the eager Triton path), the profiler's eager force call (about 9 minutes)
+#            GPU tests (the physics battery through the eager Triton path), the eager force call A/B (about 8 minutes)
 #   prefetchtrain one GPU: the trainer's reduce-overhead step with FLASHCART_INDEX_PREFETCH 0 and auto, a process each
 #            (the A/B that part prefetch2 did not reach; about 8 minutes)
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
@@ -951,10 +951,11 @@ geomdump)
 edgesdefault)
   # the fused edge features now on by default (FLASHCART_FUSED_EDGES unset): their GPU parity (the float64 gradient
   # comparison without the zero-length edge's cancelling terms, that edge alone exactly zero), tests/model's GPU tests,
-  # the integrations' GPU tests (the physics battery, the engines and OpenMM's CUDA platform), then the profiler's eager
-  # force call twice (about 9 minutes)
+  # the integrations' GPU tests (the physics battery, the engines and OpenMM's CUDA platform), then the eager force call
+  # with them and with the ATen edge features, interleaved in one process (about 8 minutes)
   gpu_tests 0 "tests/nn/test_edge_features.py:100" tests/model:140 tests/integrations/test_gpu.py:220 > "$out/tests.log" 2>&1
-  for r in 1 2; do profile_run S eager inference 50; done > "$out/profile_eager.log" 2>&1
+  timeout 150 python3 benchmarks/eager_overhead.py --device cuda --model i2c3f20l2r --structure diamond \
+    --variants prebound atenedges --rounds 10 --rows 30 > "$out/eager.log" 2>&1
   ;;
 prefetchtrain)
   # FLASHCART_INDEX_PREFETCH 0 against auto (the default) in the trainer's reduce-overhead step (and the force call), a
@@ -969,7 +970,7 @@ edges)
   # of its own with each setting; the compiled call's geometry kernel for comparison (about 8 minutes)
   gpu_tests 0 "tests/nn/test_edge_features.py tests/cartesian/test_rowwise.py:180" > "$out/tests.log" 2>&1
   timeout 200 python3 benchmarks/eager_overhead.py --device cuda --model i2c3f20l2r --structure diamond \
-    --variants prebound edges --rounds 10 --rows 30 > "$out/eager.log" 2>&1
+    --variants atenedges prebound --rounds 10 --rows 30 > "$out/eager.log" 2>&1
   for r in 1 2; do for f in 0 1; do
     echo "FLASHCART_FUSED_EDGES=$f"; (export FLASHCART_FUSED_EDGES=$f; profile_run S eager inference 50)
   done; done > "$out/profile_eager.log" 2>&1

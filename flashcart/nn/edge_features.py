@@ -89,11 +89,12 @@ def _use_fused(positions: torch.Tensor, backend: str) -> bool:
     """Whether this call takes the fused kernels: not switched off, the Triton path, a plain eager call
     that is not being captured into a CUDA graph (a replay pays no host work per operation, which
     is all the kernels save)."""
-    if not FUSED_EDGES or type(positions) is not torch.Tensor:
+    # plain eager first: under torch.compile the stream query below is a graph break
+    if not FUSED_EDGES or type(positions) is not torch.Tensor or not _frozen._plain_eager():
         return False
     if positions.is_cuda and torch.cuda.is_current_stream_capturing():
         return False
-    return resolve_backend(backend, positions) == "triton" and _frozen._plain_eager()
+    return resolve_backend(backend, positions) == "triton"
 
 
 def edge_features(

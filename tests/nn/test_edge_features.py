@@ -153,6 +153,15 @@ def test_edge_features_take_the_kernels_only_when_asked_in_eager_triton_calls(mo
     ef.edge_features(*args, backend="triton")
     assert launched == ["edge_features_fwd"]
 
+    # compiled calls take the ATen expression, traced as one graph (nothing it asks of the
+    # stream or the dispatcher may break it)
+    compiled = torch.compile(lambda *a: ef.edge_features(*a, backend="triton"), backend="eager", fullgraph=True)
+    torch._dynamo.reset()
+    out = compiled(*args)
+    assert launched == ["edge_features_fwd"]
+    for a, b in zip(out, ef.edge_features_reference(*args)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
 
 def test_the_switch_reads_0_or_1_and_names_the_variable_otherwise(monkeypatch):
     monkeypatch.setenv("FLASHCART_FUSED_EDGES", "1")
