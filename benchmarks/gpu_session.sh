@@ -148,6 +148,9 @@
 #            GPU tests (the physics battery through the eager Triton path), the eager force call A/B (about 8 minutes)
 #   prefetchtrain one GPU: the trainer's reduce-overhead step with FLASHCART_INDEX_PREFETCH 0 and auto, a process each
 #            (the A/B that part prefetch2 did not reach; about 8 minutes)
+#   radialtable one GPU: the radial MLPs tabulated for inference (FlashCartPotential.set_radial_tables): the GPU test
+#            (tables against MLPs, compiled against eager), then the profiler's reduce-overhead force call with
+#            profile_radial_table 0 and 4096, and the compiled call's kernels with tables (about 9 minutes)
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -210,12 +213,13 @@ splits_ab() {  # SECONDS [radial_pairs options]: FLASHCART_TP_SPLITS 1, then aut
   env_ab FLASHCART_TP_SPLITS "1 auto" "$t" "$@"
 }
 
-profile_run() {  # MODEL (S or L) MODE (eager or a compile mode) PHASE SECONDS: the profiler on the diamond cell
+profile_run() {  # MODEL (S or L) MODE (eager or a compile mode) PHASE SECONDS [KEY=VALUE ...]: the profiler on the diamond cell
   eval "opts=\$$1"
   extra="profile_phase=$3 profile_row_limit=1"
   [ "$2" = eager ] || extra="$extra profile_compile_predict=true profile_compile_mode=$2"
-  echo "=== profiler $1 $2 (FLASHCART_INLINE_TRITON_OPS=${FLASHCART_INLINE_TRITON_OPS:-default})"
-  timeout "$4" bash benchmarks/profile_diamond.sh $opts $extra 2>&1 | grep -E "^\[|parameters|s/run|Error"
+  echo "=== profiler $1 $2 (FLASHCART_INLINE_TRITON_OPS=${FLASHCART_INLINE_TRITON_OPS:-default}) ${*:5}"
+  local t=$4; shift 4
+  timeout "$t" bash benchmarks/profile_diamond.sh $opts $extra "$@" 2>&1 | grep -E "^\[|parameters|s/run|Error"
 }
 
 matmul_ab() {  # SECONDS per process: i3c3f64l2's reduce-overhead force call with FLASHCART_LINEAR_MATMUL=scalar, then =0
@@ -956,6 +960,12 @@ edgesdefault)
   gpu_tests 0 "tests/nn/test_edge_features.py:100" tests/model:140 tests/integrations/test_gpu.py:220 > "$out/tests.log" 2>&1
   timeout 150 python3 benchmarks/eager_overhead.py --device cuda --model i2c3f20l2r --structure diamond \
     --variants prebound atenedges --rounds 10 --rows 30 > "$out/eager.log" 2>&1
+  ;;
+radialtable)
+  # tabulated radial MLPs (flashcart.nn.radial_table; benchmarks/radial_table.py measured their accuracy on the CPU):
+  # the GPU test, then the profiler's reduce-overhead force call without and with 4096-interval tables, a process each
+  gpu_tests 0 "tests/model/test_gpu_model.py::test_radial_tables_on_gpu_compiled_and_eager:150" > "$out/tests.log" 2>&1
+  for k in 0 4096 0 4096; do profile_run S reduce-overhead inference 110 profile_radial_table=$k; done > "$out/profile_tables.log" 2>&1
   ;;
 prefetchtrain)
   # FLASHCART_INDEX_PREFETCH 0 against auto (the default) in the trainer's reduce-overhead step (and the force call), a

@@ -20,6 +20,7 @@ from .data import BatchLoader, read_structures
 from .model.potential import FlashCartPotential
 from .model.predictor import Predictor
 from .model.prefit import prefit
+from .nn.radial_table import MIN_INTERVALS
 from .training.losses import loss_value, required_properties
 from .training.trainer import infer_elements
 from .utils.device import resolve_device
@@ -121,6 +122,9 @@ def profile(cfg: dict[str, Any], progress: bool = True, out: Callable[[str], Non
     if cfg["profile_pre_fit"]:
         prefit(model, fit_structures, cfg["atomic_shifts"], cfg["fit_atomic_shifts"])
     model.to(device)
+    intervals = cfg["profile_radial_table"]
+    if intervals and intervals < MIN_INTERVALS:
+        raise ConfigError(f"profile_radial_table must be 0 (the radial MLPs) or at least {MIN_INTERVALS} intervals, got {intervals}")
     predictor = Predictor(
         model,
         compile=cfg["profile_compile_predict"],
@@ -133,7 +137,8 @@ def profile(cfg: dict[str, Any], progress: bool = True, out: Callable[[str], Non
     out(
         f"[settings] device={device} dtype={torch.get_default_dtype()} use_triton={cfg['use_triton']} "
         f"kernel_l_max={KERNEL_L_MAX} compile={cfg['profile_compile_predict']} compile_mode={cfg['profile_compile_mode']} "
-        f"fullgraph={cfg['profile_compile_fullgraph']} tf32={torch.backends.cuda.matmul.allow_tf32}"
+        f"fullgraph={cfg['profile_compile_fullgraph']} tf32={torch.backends.cuda.matmul.allow_tf32} "
+        f"radial_table={intervals or 'off'}"
     )
     results = {}
     if "inference" in phases:
@@ -146,6 +151,11 @@ def profile(cfg: dict[str, Any], progress: bool = True, out: Callable[[str], Non
                 for b in batches:
                     predictor(b, forces=True)
 
+        if intervals:  # the inference phase's radial MLPs as tables (training always evaluates them)
+            try:
+                model.set_radial_tables(intervals)
+            except ValueError as e:
+                raise ConfigError(f"profile_radial_table={intervals}: {e}") from None
         out(_describe("inference", data_path, batches))
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -155,6 +165,7 @@ def profile(cfg: dict[str, Any], progress: bool = True, out: Callable[[str], Non
         _op_tables(inference, "inference", cfg, device, out)
         if device.type == "cuda":
             out(f"[cuda] peak allocated during inference: {torch.cuda.max_memory_allocated(device) / 2**20:.1f} MiB")
+        model.set_radial_tables(None)
     if "training" in phases:
         size = cfg["profile_train_batch_size"] or cfg["profile_batch_size"]
         _, batches = _load_batches(train_path, cfg, size, model, device, progress)

@@ -80,6 +80,19 @@ def test_options_dynamic_batching_traces_and_recording(data, capsys, tmp_path):
     assert re.search(r"\[training\] data=\S+ batches=2, structures=6", out)
 
 
+def test_radial_tables_in_the_inference_phase_only(data, capsys):
+    """profile_radial_table: the inference phase reads tabulated radial MLPs; the training phase
+    evaluates the MLPs again (with the tables still in place it would refuse); too few
+    intervals are an error naming the key."""
+    out = run(data, capsys, "profile_radial_table=256")
+    assert "radial_table=256" in out
+    parse_timer(out, "inference fwd\\+bwd")
+    parse_timer(out, "training fwd\\+bwd\\+dbwd")
+    model = [f"{k}={v}" for k, v in TINY_MODEL.items()]
+    assert profile_main([str(data / "profile.yaml"), *model, "profile_radial_table=8", "--no-progress"]) == 2
+    assert "profile_radial_table must be 0 (the radial MLPs) or at least 16" in capsys.readouterr().err
+
+
 def test_missing_data_is_a_clear_error(data, capsys):
     cfg = data / "empty.yaml"
     cfg.write_text("device: cpu\n")

@@ -101,4 +101,5 @@ SCHEMA: dict[str, str | tuple] = {
     "profile_compile_predict": "bool",
     "profile_compile_mode": COMPILE_MODES,
     "profile_compile_fullgraph": "bool",
+    "profile_radial_table": "nonneg_int",
 }

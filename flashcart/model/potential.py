@@ -7,6 +7,7 @@ Python constructor takes the same names with the same defaults (:data:`MODEL_KEY
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -19,6 +20,7 @@ from ..nn.blocks import Gate, Interaction, ProductBlock
 from ..nn.edge_features import edge_features
 from ..nn.edge_pairs import EdgePairs, edge_pairs, pairs_fit
 from ..nn.radial import MLP, ChebyshevBasis, PolynomialEnvelope
+from ..nn.radial_table import cubic_table
 
 __all__ = ["FlashCartPotential", "MODEL_KEYS", "element_types"]
 
@@ -104,6 +106,7 @@ class FlashCartPotential(torch.nn.Module):
         opts = {**_defaults(), **options}
         self.options = opts
         self.elements = list(elements)
+        self._radial_table_versions: tuple | None = None  # the radial MLPs' versions their tables were built from
         gen = torch.random.fork_rng()
         with gen:
             torch.manual_seed(opts["model_seed"])
@@ -199,8 +202,19 @@ class FlashCartPotential(torch.nn.Module):
             shifts: ``[E, 3]`` integer image offsets; receivers/senders: ``[E]`` (grouped by
             receiver); edge_batch: ``[E]`` graph of each edge.
         """
+        tables = self.radial_tables_used()
         edges = edge_features(
-            positions, cell, shifts, receivers, senders, edge_batch, self.basis, self.envelope, self.expansion.eps, self.expansion.backend
+            positions,
+            cell,
+            shifts,
+            receivers,
+            senders,
+            edge_batch,
+            self.basis,
+            self.envelope,
+            self.expansion.eps,
+            self.expansion.backend,
+            need_length=tables,
         )
         attrs, radial, env = self.expansion.of_unit(edges.unit), edges.radial, edges.env
         csr = edge_csr_reused(receivers, senders, positions.shape[0])
@@ -209,7 +223,7 @@ class FlashCartPotential(torch.nn.Module):
         x = self._embedded(self.embedding, types)
         scalars = []
         for interaction, gate, product in zip(self.interactions, self.gates, self.products):
-            a = interaction(x, attrs, radial, receivers, senders, csr, node_embed, pairs)
+            a = interaction(x, attrs, radial, receivers, senders, csr, node_embed, pairs, edges.length)
             a = gate(a)
             x = product(a, types)
             scalars.append(x[:, : self.F])
@@ -231,6 +245,54 @@ class FlashCartPotential(torch.nn.Module):
             self, f"site_affine_{dtype}", sources, lambda: torch.stack([self.scale[types], self.atomic_shifts[types]]).to(dtype)
         )
         return affine[0], affine[1]
+
+    def set_radial_tables(self, intervals: int | None) -> None:
+        """Tabulate every interaction's radial MLP for inference, or drop the tables (``None`` or 0).
+
+        Each interaction's path weights, a function of the edge length alone, become piecewise
+        cubics on ``intervals`` equal intervals of ``[0, r_max]`` (:mod:`flashcart.nn.radial_table`:
+        built in float64 from the current parameters, stored in the model's dtype and device as
+        buffers that move with it and are not saved). Calls then read the tables instead of
+        evaluating the MLPs. At 4096 intervals, float32 tables are closer to the float64 MLP
+        than the float32 MLP is (``benchmarks/radial_table.py``).
+
+        Inference only: a call in which a radial MLP's parameters require grad raises (the MLPs
+        get no gradient through a table), and so does an eager call after the MLPs have changed
+        (call this again). Element-agnostic interactions only (``element_agnostic_interaction``).
+        Exported files (:mod:`flashcart.export`) evaluate the MLPs.
+        """
+        if not intervals:
+            for interaction in self.interactions:
+                interaction.radial_table = None
+            self._radial_table_versions = None
+            return
+        if hasattr(self, "element_embedding"):
+            raise ValueError(
+                "radial tables need element-agnostic interactions (element_agnostic_interaction: true): "
+                "these radial MLPs also read the elements of each edge"
+            )
+        for interaction in self.interactions:
+            like = next(interaction.radial.parameters())
+            mlp = copy.deepcopy(interaction.radial).to("cpu", torch.float64)
+            table = cubic_table(lambda d, mlp=mlp: mlp(self.basis(d) * self.envelope(d)[:, None]), self.r_max, int(intervals))
+            interaction.radial_table = table.to(device=like.device, dtype=like.dtype)
+            interaction.radial_table_r_max = self.r_max
+        self._radial_table_versions = self._radial_mlp_versions()
+
+    def _radial_mlp_versions(self) -> tuple:
+        return tuple((p.data_ptr(), p._version) for interaction in self.interactions for p in interaction.radial.parameters())
+
+    def radial_tables_used(self) -> bool:
+        """Whether calls read tabulated radial MLPs (:meth:`set_radial_tables`); raises when the
+        MLPs have changed since the tables were built (checked in eager calls)."""
+        versions = getattr(self, "_radial_table_versions", None)
+        if versions is None:
+            return False
+        if not torch.compiler.is_compiling() and self._radial_mlp_versions() != versions:
+            raise RuntimeError(
+                "the radial MLPs changed after their tables were built: call set_radial_tables again, or set_radial_tables(None)"
+            )
+        return True
 
     def radial_pairs_used(self, cuda: bool, compiled: bool = False) -> bool:
         """Whether a call on CUDA tensors (or not), compiled with ``torch.compile`` (or eager),

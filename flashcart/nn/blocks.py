@@ -20,6 +20,7 @@ from ..cartesian._backend import resolve_backend
 from ..cartesian._frozen import frozen_derived, parameters_of
 from ..cartesian._layout import layout_width
 from .radial import MLP
+from .radial_table import table_weights
 
 __all__ = ["Interaction", "Gate", "ProductBlock", "RMSNorm", "invariant_forms", "rank_channel_index"]
 
@@ -135,9 +136,12 @@ class Interaction(torch.nn.Module):
     channel) gains.
 
     ``forward(x [n, W_in], attrs [E, (l_edge+1)^2], radial [E, n_radial], receivers, senders,
-    csr, node_embed [n, F_e] | None, pairs: EdgePairs | None) -> [n, layout_width(l_out, F)]``.
-    With ``pairs`` (:mod:`flashcart.nn.edge_pairs`; element-agnostic blocks only) the radial MLP
-    runs once per pair of reverse edges and both edges read their pair's weights.
+    csr, node_embed [n, F_e] | None, pairs: EdgePairs | None, lengths [E] | None) -> [n,
+    layout_width(l_out, F)]``. With ``pairs`` (:mod:`flashcart.nn.edge_pairs`; element-agnostic
+    blocks only) the radial MLP runs once per pair of reverse edges and both edges read their
+    pair's weights. With a :attr:`radial_table` (inference, element-agnostic blocks;
+    :mod:`flashcart.nn.radial_table`) the weights are the table's at the edge ``lengths`` (Å)
+    instead of the MLP's.
     """
 
     def __init__(
@@ -163,18 +167,36 @@ class Interaction(torch.nn.Module):
         self.skip = EquivariantLinear(l_in, l_out, F, F, backend=backend)
         self.register_buffer("inv_sqrt_avg_neighbors", torch.tensor(1.0 / math.sqrt(avg_neighbors)))
         self.norm = RMSNorm(l_out, F, backend=backend) if layer_norm else None
+        # the radial MLP tabulated over [0, radial_table_r_max] Å (FlashCartPotential.set_radial_tables):
+        # a buffer (it moves and casts with the model), not saved in state dicts
+        self.register_buffer("radial_table", None, persistent=False)
+        self.radial_table_r_max = 0.0
 
-    def forward(self, x, attrs, radial, receivers, senders, csr, node_embed=None, pairs=None):
-        weights, rows = self.edge_weights(radial, receivers, senders, node_embed, pairs)
+    def forward(self, x, attrs, radial, receivers, senders, csr, node_embed=None, pairs=None, lengths=None):
+        weights, rows = self.edge_weights(radial, receivers, senders, node_embed, pairs, lengths)
         msg = self.tp(self.linear_in(x), attrs, weights, receivers, senders, csr, rows)
         # the neighbour normalisation folded into linear_out's weights (no pass over the nodes)
         out = self.linear_out(msg, self.inv_sqrt_avg_neighbors) + self.skip(x)
         return self.norm(out) if self.norm is not None else out
 
-    def edge_weights(self, radial, receivers, senders, node_embed=None, pairs=None) -> tuple[torch.Tensor, WeightRows | None]:
+    def edge_weights(self, radial, receivers, senders, node_embed=None, pairs=None, lengths=None) -> tuple[torch.Tensor, WeightRows | None]:
         """``(weights, rows)``: the radial MLP's path weights ``[E, weight_numel]`` and ``None``; or,
         with ``pairs`` (element-agnostic blocks), one row per pair ``[P, weight_numel]`` and the
-        :class:`WeightRows` through which the product reads each pair's row for both its edges."""
+        :class:`WeightRows` through which the product reads each pair's row for both its edges.
+        With a :attr:`radial_table` the same from the table at ``lengths`` ``[E]`` (Å)."""
+        if self.radial_table is not None:
+            if lengths is None:
+                raise ValueError("this interaction's radial MLP is tabulated: its forward needs the edge lengths")
+            if torch.is_grad_enabled() and any(p.requires_grad for p in self.radial.parameters()):
+                raise RuntimeError(
+                    "a tabulated radial MLP (FlashCartPotential.set_radial_tables) is for inference, but its parameters "
+                    "require grad here (training?): they would get no gradient. Freeze them, or drop the tables"
+                )
+            if pairs is not None:
+                lengths, rows = lengths.index_select(0, pairs.leader), WeightRows(pairs.pair_of_edge, pairs.row_edges)
+            else:
+                rows = None
+            return table_weights(self.radial_table, self.radial_table_r_max, lengths), rows
         if self.element_features:
             # radial input stays proportional to the envelope: element terms multiply it
             env = radial[:, :1]

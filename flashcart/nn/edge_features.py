@@ -48,11 +48,13 @@ FUSED_EDGES = fused_edges_mode()
 class EdgeFeatures(NamedTuple):
     """``unit [E, 3]``: unit vectors receiver -> sender; ``radial [E, n_radial]``: basis times
     envelope; ``env [E]``: the envelope (zero beyond the cutoff; not differentiable on the fused
-    path, where only its zeros are read)."""
+    path, where only its zeros are read); ``length [E]`` Å: ``d``, from the ATen expression only
+    (``None`` from the fused kernels; what tabulated radial MLPs read)."""
 
     unit: torch.Tensor
     radial: torch.Tensor
     env: torch.Tensor
+    length: torch.Tensor | None = None
 
 
 def edge_vectors(positions, cell, shifts, receivers, senders, edge_batch) -> torch.Tensor:
@@ -82,7 +84,7 @@ def edge_features_reference(
     d = torch.sqrt((vec * vec).sum(-1) + 1e-30)
     unit = vec / vec.norm(dim=1, keepdim=True).clamp_min(eps)
     env = envelope(d)
-    return EdgeFeatures(unit, basis(d) * env[:, None], env)
+    return EdgeFeatures(unit, basis(d) * env[:, None], env, d)
 
 
 def _use_fused(positions: torch.Tensor, backend: str) -> bool:
@@ -108,11 +110,12 @@ def edge_features(
     envelope: PolynomialEnvelope,
     eps: float,
     backend: str = "auto",
+    need_length: bool = False,
 ) -> EdgeFeatures:
     """:class:`EdgeFeatures` of the edges (arguments as :func:`edge_features_reference`), by the
     fused kernels in plain eager calls on the Triton path (``backend`` resolved against
-    ``positions``) when :data:`FUSED_EDGES`, else by the ATen operations."""
-    if receivers.shape[0] and _use_fused(positions, backend):
+    ``positions``) when :data:`FUSED_EDGES` and not ``need_length``, else by the ATen operations."""
+    if receivers.shape[0] and not need_length and _use_fused(positions, backend):
         from . import edge_kernels
 
         return EdgeFeatures(*edge_kernels.edge_features(positions, cell, shifts, receivers, senders, edge_batch, basis, envelope, eps))

@@ -1,0 +1,128 @@
+"""Tabulated radial MLPs (flashcart.nn.radial_table, FlashCartPotential.set_radial_tables):
+the table against the MLP it stands for, a model's energy, forces and stress with tables against
+without (float64), forces as the tabulated energy's exact derivative (finite differences),
+padding, pairs and compilation, and the refusals: training, stale tables, element-aware
+interactions, too few intervals."""
+
+import math
+
+import pytest
+import torch
+
+from flashcart.model import Predictor
+from flashcart.model.potential import FlashCartPotential
+from flashcart.nn.radial_table import cubic_table, table_weights
+from flashcart.testing import TINY_MODEL, assert_close
+
+from .conftest import crystal, molecule
+
+R_MAX = TINY_MODEL["r_max"]
+
+
+def _radial_function(model, interaction):
+    return lambda d: interaction.radial(model.basis(d) * model.envelope(d)[:, None])
+
+
+def test_table_equals_the_mlp_and_its_derivative_and_vanishes_from_r_max(model):
+    interaction = model.interactions[1]
+    fn = _radial_function(model, interaction)
+    table = cubic_table(fn, R_MAX, 4096)
+    g = torch.Generator().manual_seed(3)
+    d = (torch.rand(5000, generator=g, dtype=torch.float64) * R_MAX).requires_grad_(True)
+    w, w_table = fn(d), table_weights(table, R_MAX, d)
+    assert float((w_table - w).abs().max() / w.abs().max()) < 1e-10
+    probe = torch.randn(w.shape, generator=g, dtype=torch.float64)
+    (slope,) = torch.autograd.grad(w, d, probe)
+    (slope_table,) = torch.autograd.grad(w_table, d, probe)
+    assert float((slope_table - slope).abs().max() / slope.abs().max()) < 1e-7
+    # at the knots the table holds the function's values exactly (up to the cubic's rounding)
+    knots = torch.tensor([0.0, R_MAX / 4096 * 17, 1.5, R_MAX * (1 - 1 / 4096)], dtype=torch.float64)
+    assert_close(table_weights(table, R_MAX, knots), fn(knots).detach(), 1e-13, "knots")
+    beyond = torch.tensor([R_MAX, R_MAX + 1e-9, 2 * R_MAX], dtype=torch.float64, requires_grad=True)
+    out = table_weights(table, R_MAX, beyond)
+    assert bool((out == 0).all())
+    (g_beyond,) = torch.autograd.grad(out.sum(), beyond)
+    assert bool((g_beyond == 0).all())
+
+
+def test_a_table_needs_enough_intervals(model):
+    with pytest.raises(ValueError, match="at least 16 intervals"):
+        cubic_table(_radial_function(model, model.interactions[0]), R_MAX, 8)
+
+
+@pytest.mark.parametrize("pairs", [True, False])
+def test_model_with_tables_equals_the_model_with_mlps(model, make_batch, pairs):
+    model.radial_pairs = pairs
+    batch = make_batch(model, [molecule(0), crystal()])
+    predictor = Predictor(model)
+    exact = predictor(batch, forces=True, stress=True)
+    model.set_radial_tables(4096)
+    tabulated = predictor(batch, forces=True, stress=True)
+    for key in exact:
+        assert_close(tabulated[key], exact[key], 1e-8, key)
+        assert not torch.equal(tabulated[key], exact[key]), f"{key}: the tables were not read"
+    model.set_radial_tables(None)
+    again = predictor(batch, forces=True, stress=True)
+    for key in exact:
+        assert torch.equal(again[key], exact[key]), f"{key}: dropping the tables restores the MLPs"
+
+
+def test_forces_are_the_exact_derivative_of_the_tabulated_energy(model, make_batch):
+    """The interpolant is C1 and autograd differentiates it: forces are -dE/dx of the tabulated
+    energy itself (central differences), a coarse table included, so energy is conserved."""
+    model.set_radial_tables(64)  # coarse: far from the MLP, still its own exact derivative
+    atoms = crystal()
+    predictor = Predictor(model)
+    forces = predictor(make_batch(model, [atoms]), forces=True)["forces"]
+    step = 1e-5
+    for atom, axis in [(0, 0), (1, 2), (1, 1)]:
+        energies = []
+        for sign in (1, -1):
+            moved = atoms.copy()
+            moved.positions[atom, axis] += sign * step
+            energies.append(float(predictor(make_batch(model, [moved]), forces=False)["energy"][0]))
+        numeric = -(energies[0] - energies[1]) / (2 * step)
+        assert math.isclose(float(forces[atom, axis]), numeric, rel_tol=1e-6, abs_tol=1e-8)
+
+
+def test_padded_and_compiled_calls_read_the_tables(model, make_batch):
+    """Padding edges (2 r_max long) get zero weights from a table; a compiled call traces the
+    table as one graph (dynamo, fullgraph) and equals the eager one."""
+    torch._dynamo.reset()
+    batch = make_batch(model, [molecule(1), crystal()])
+    exact = Predictor(model)(batch, forces=True, stress=True)
+    model.set_radial_tables(64)  # coarse: results far enough from the MLP's to tell which ran
+    eager = Predictor(model)(batch, forces=True, stress=True)
+    assert float((eager["forces"] - exact["forces"]).abs().max()) > 1e-9
+    padded = Predictor(model, pad=True, pad_atom_multiple=16, pad_edge_multiple=64)(batch, forces=True, stress=True)
+    compiled = Predictor(model, compile=True, compile_backend="eager", pad_atom_multiple=16, pad_edge_multiple=64)(
+        batch, forces=True, stress=True
+    )
+    for key in eager:
+        assert_close(padded[key], eager[key], 1e-12, f"padded {key}")
+        assert_close(compiled[key], eager[key], 1e-12, f"compiled {key}")
+
+
+def test_tables_refuse_training_stale_mlps_and_element_aware_interactions(model, make_batch):
+    batch = make_batch(model, [molecule(2)])
+    model.set_radial_tables(256)
+    with pytest.raises(RuntimeError, match="for inference"):
+        Predictor(model)(batch, forces=True, create_graph=True)  # training: the MLPs would get no gradient
+    with torch.no_grad():
+        model.interactions[0].radial.layers[0].weight.mul_(1.5)
+    with pytest.raises(RuntimeError, match="changed after their tables were built"):
+        Predictor(model)(batch, forces=True)
+    model.set_radial_tables(256)  # rebuilt: usable again
+    Predictor(model)(batch, forces=True)
+
+    aware = FlashCartPotential(["H", "C", "O", "Cu"], use_triton=False, **{**TINY_MODEL, "element_agnostic_interaction": False})
+    with pytest.raises(ValueError, match="element-agnostic"):
+        aware.set_radial_tables(256)
+
+
+def test_tables_move_and_cast_with_the_model_and_are_not_saved(model):
+    model.set_radial_tables(128)
+    assert model.interactions[0].radial_table.dtype == torch.float64
+    assert not any("radial_table" in key for key in model.state_dict())
+    model.float()
+    assert model.interactions[0].radial_table.dtype == torch.float32
