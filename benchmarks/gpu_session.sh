@@ -151,6 +151,7 @@
 #   radialtable one GPU: the radial MLPs tabulated for inference (FlashCartPotential.set_radial_tables): the GPU test
 #            (tables against MLPs, compiled against eager), then the profiler's reduce-overhead force call with
 #            profile_radial_table 0 and 4096, and the compiled call's kernels with tables (about 9 minutes)
+#   radialquick one GPU: part radialtable cut to about 4 minutes (the GPU test, one profiler run with tables, one without)
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -966,6 +967,11 @@ radialtable)
   # the GPU test, then the profiler's reduce-overhead force call without and with 4096-interval tables, a process each
   gpu_tests 0 "tests/model/test_gpu_model.py::test_radial_tables_on_gpu_compiled_and_eager:150" > "$out/tests.log" 2>&1
   for k in 0 4096 0 4096; do profile_run S reduce-overhead inference 110 profile_radial_table=$k; done > "$out/profile_tables.log" 2>&1
+  ;;
+radialquick)
+  # part radialtable cut to fit about 4 minutes: the GPU test, then the force call with tables, then without
+  gpu_tests 0 "tests/model/test_gpu_model.py::test_radial_tables_on_gpu_compiled_and_eager:100" > "$out/tests.log" 2>&1
+  for k in 4096 0; do profile_run S reduce-overhead inference 90 profile_radial_table=$k; done > "$out/profile_tables.log" 2>&1
   ;;
 prefetchtrain)
   # FLASHCART_INDEX_PREFETCH 0 against auto (the default) in the trainer's reduce-overhead step (and the force call), a
