@@ -43,6 +43,8 @@ class FlashCartCalculator(Calculator):
         headroom: spare buffer capacity (fraction), as for :class:`~flashcart.simulation.Engine`.
         step: how the engine runs a step: ``auto``, ``dynamic``, ``static`` or ``graph`` (see
             :class:`~flashcart.simulation.Engine`).
+        radial_table: ``0``, or the radial MLPs tabulated on this many intervals (inference
+            stand-ins, as for :class:`~flashcart.simulation.Engine`).
     """
 
     implemented_properties = ["energy", "free_energy", "forces", "stress"]
@@ -60,6 +62,7 @@ class FlashCartCalculator(Calculator):
         add_atomic_offsets: bool = True,
         step: str = "auto",
         headroom: float = 0.1,
+        radial_table: int = 0,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -76,6 +79,7 @@ class FlashCartCalculator(Calculator):
             add_atomic_offsets=add_atomic_offsets,
             step=step,
             headroom=headroom,
+            radial_table=radial_table,
         )
 
     def check_state(self, atoms, tol: float = 1e-15) -> list[str]:

@@ -118,6 +118,7 @@ def create_force(
     add_atomic_offsets: bool = True,
     step: str = "auto",
     headroom: float = 0.1,
+    radial_table: int = 0,
 ) -> openmm.PythonForce:
     """A ``PythonForce`` evaluating a FlashCart model.
 
@@ -131,8 +132,8 @@ def create_force(
         atoms: indices of the particles the model acts on (``setParticles``); ``None``: all.
         periodic: use the system's periodic box (``setUsesPeriodicBoundaryConditions``).
         device, dtype, skin (Å), compile_mode, pad, pad_atom_multiple, pad_edge_multiple,
-        add_atomic_offsets, step, headroom: as for :class:`~flashcart.simulation.Engine` (skin defaults to
-        0.5 Å here: every OpenMM step moves the atoms).
+        add_atomic_offsets, step, headroom, radial_table: as for :class:`~flashcart.simulation.Engine`
+        (skin defaults to 0.5 Å here: every OpenMM step moves the atoms).
     """
     numbers = np.asarray(numbers, dtype=np.int64)
     subset = None if atoms is None else [int(i) for i in atoms]
@@ -155,6 +156,7 @@ def create_force(
         add_atomic_offsets=add_atomic_offsets,
         step=step,
         headroom=headroom,
+        radial_table=radial_table,
     )
     check = getattr(evaluator, "check_numbers", None)
     if check is not None:

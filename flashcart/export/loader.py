@@ -251,6 +251,10 @@ def md_evaluator(cfg: dict, out=print) -> ExportedPotential:
         raise ConfigError(f"key 'device': {pot.path} runs on {pot.device.type}, not {cfg['device']} (re-export with --device)")
     if cfg["compile_mode"] is not None:
         raise ConfigError(f"key 'compile_mode': {pot.path} is compiled already; leave compile_mode unset (~)")
+    if cfg.get("radial_table"):
+        raise ConfigError(
+            f"key 'radial_table': {pot.path} evaluates its radial MLPs (exported files carry no tables); leave radial_table=0"
+        )
     if cfg["engine_step"] != "auto":
         raise ConfigError(f"key 'engine_step': {pot.path} runs its own step (neighbour list inside); leave engine_step=auto")
     what = f"{pot.format}, {dtype}, {pot.device.type}"

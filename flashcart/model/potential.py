@@ -280,7 +280,20 @@ class FlashCartPotential(torch.nn.Module):
         self._radial_table_versions = self._radial_mlp_versions()
 
     def _radial_mlp_versions(self) -> tuple:
-        return tuple((p.data_ptr(), p._version) for interaction in self.interactions for p in interaction.radial.parameters())
+        """The radial MLPs' parameters' version counters: in-place changes (an optimiser step,
+        ``load_state_dict``) advance them; moves and casts (``.to``) do not."""
+        return tuple(p._version for interaction in self.interactions for p in interaction.radial.parameters())
+
+    def __deepcopy__(self, memo):
+        """A copy whose tables (if any) stay valid exactly when this model's are: a copy's
+        parameters start new version counters."""
+        new = self.__class__.__new__(self.__class__)
+        memo[id(self)] = new
+        new.__setstate__(copy.deepcopy(self.__dict__, memo))
+        if self._radial_table_versions is not None:
+            fresh = self._radial_mlp_versions() == self._radial_table_versions
+            new._radial_table_versions = new._radial_mlp_versions() if fresh else ("stale",)
+        return new
 
     def radial_tables_used(self) -> bool:
         """Whether calls read tabulated radial MLPs (:meth:`set_radial_tables`); raises when the

@@ -16,8 +16,9 @@ interpolant is C1 and energy is conserved.
 
 Accuracy, measured by ``benchmarks/radial_table.py`` (i2c3f20l2r's two interactions, maximum
 error over 200,000 random lengths, relative to the largest ``|w|`` and ``|w'|``):
-- ``K = 4096``, float32 table: values 3-5e-7, derivatives 6-10e-7. That is under the float32
-  MLP's own error, 1.1-1.7e-6 and 1.2-2.1e-6.
+- ``K = 4096``, float32 table evaluated in float32: values 4.0-6.1e-7, derivatives 0.7-1.2e-6,
+  also with the weights x3. That is under the float32 MLP's own error, 1.1-1.7e-6 and
+  1.2-2.1e-6.
 - ``K = 4096``, float64: 2e-12 and 1.4e-9.
 
 Inference only. The MLPs get no gradient through a table, and a table is stale once they change

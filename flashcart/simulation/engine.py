@@ -81,6 +81,7 @@ from ..data.neighbors import neighbor_list
 from ..model.checkpoint import load_checkpoint
 from ..model.potential import FlashCartPotential, element_types
 from ..model.predictor import CUDA_GRAPH_MODES, Predictor
+from ..nn.radial_table import MIN_INTERVALS
 from ..utils.device import resolve_device
 from .evaluator import Evaluation
 from .static_list import MAX_CANDIDATES, StaticCellList, plan_cell_list, supports
@@ -169,6 +170,10 @@ class Engine:
             rebuilds with new buffers and, compiled, recompiles, likelier).
         compile_backend: ``torch.compile`` backend (``inductor``; tests use ``aot_eager``).
         step: ``auto``, ``dynamic``, ``static`` or ``graph`` (see the module docs).
+        radial_table: ``0`` (the radial MLPs), or their tables on this many intervals (at least
+            16; 4096 is as accurate as float32 MLPs): inference-only stand-ins for the MLPs,
+            built from this engine's copy of the model
+            (:meth:`~flashcart.model.FlashCartPotential.set_radial_tables`).
     """
 
     def __init__(
@@ -185,6 +190,7 @@ class Engine:
         headroom: float = 0.1,
         compile_backend: str | Callable = "inductor",
         step: str = "auto",
+        radial_table: int = 0,
     ):
         self._options = dict(
             device=str(device),
@@ -198,6 +204,7 @@ class Engine:
             headroom=headroom,
             compile_backend=compile_backend,
             step=step,
+            radial_table=radial_table,
         )
         self.dtype = _as_dtype(dtype)
         if not skin >= 0:
@@ -211,6 +218,8 @@ class Engine:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if step not in STEP_MODES:
             raise ValueError(f"step must be one of {list(STEP_MODES)}, got {step!r}")
+        if isinstance(radial_table, bool) or not isinstance(radial_table, int) or not (radial_table == 0 or radial_table >= MIN_INTERVALS):
+            raise ValueError(f"radial_table must be 0 (the radial MLPs) or at least {MIN_INTERVALS} intervals, got {radial_table!r}")
         self.device = resolve_device(device)
         # a graph the engine chose itself falls back to the eager static step if capturing fails
         self._graph_fallback = step == "auto"
@@ -236,6 +245,11 @@ class Engine:
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
+        # this engine's own tables (or none), built from its copy in its device and dtype
+        try:
+            self.model.set_radial_tables(radial_table or None)
+        except ValueError as err:
+            raise ValueError(f"radial_table={radial_table}: {err}") from None
         self.r_max = float(self.model.r_max)
         self.skin, self.add_atomic_offsets, self.headroom = float(skin), add_atomic_offsets, float(headroom)
         self.compile_mode = compile_mode

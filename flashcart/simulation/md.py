@@ -23,6 +23,7 @@ from ase import units as ase_units
 
 from ..config import ConfigError, parse_overrides
 from ..config.loader import read_user_yaml
+from ..nn.radial_table import MIN_INTERVALS
 from ..units import angstrom_per_fs_to_nm_per_ps, angstrom_to_nm, nm_per_ps_to_angstrom_per_fs
 from ..utils.io import atomic_write_text
 from ..utils.progress import progress_bar
@@ -60,6 +61,7 @@ MD_SCHEMA: dict[str, str | tuple] = {
     "compile_mode": (None, *COMPILE_MODES),
     "skin": "nonneg_float",
     "headroom": "nonneg_float",
+    "radial_table": "nonneg_int",
     "engine_step": ("auto", "dynamic", "static", "graph"),
     "openmm_platform": "str?",
     "compare_profile": "bool",
@@ -89,9 +91,11 @@ def _check(key: str, value: Any, where: str) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"{label} must be true or false, got {value!r}")
         return value
-    if kind in ("int", "pos_int"):
+    if kind in ("int", "pos_int", "nonneg_int"):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{label} must be an integer, got {value!r}")
+        if kind == "nonneg_int" and value < 0:
+            raise ConfigError(f"{label} must be >= 0, got {value}")
         if kind == "pos_int" and value < 1:
             raise ConfigError(f"{label} must be >= 1, got {value}")
         return value
@@ -310,15 +314,25 @@ def run_md(cfg: dict[str, Any], progress: bool = True, out: Callable[[str], None
 
         engine = md_evaluator(cfg, out)
     else:
-        engine = Engine(
-            cfg["model"],
-            device=cfg["device"],
-            dtype=cfg["dtype"],
-            skin=cfg["skin"],
-            compile_mode=cfg["compile_mode"],
-            step=cfg["engine_step"],
-            headroom=cfg["headroom"],
-        )
+        if 0 < cfg["radial_table"] < MIN_INTERVALS:
+            raise ConfigError(
+                f"key 'radial_table' must be 0 (the radial MLPs) or at least {MIN_INTERVALS} intervals, got {cfg['radial_table']}"
+            )
+        try:
+            engine = Engine(
+                cfg["model"],
+                device=cfg["device"],
+                dtype=cfg["dtype"],
+                skin=cfg["skin"],
+                compile_mode=cfg["compile_mode"],
+                step=cfg["engine_step"],
+                headroom=cfg["headroom"],
+                radial_table=cfg["radial_table"],
+            )
+        except ValueError as err:
+            if not str(err).startswith("radial_table="):
+                raise
+            raise ConfigError(f"key 'radial_table': {err}") from None
     engine.check_numbers(atoms.numbers)
     if cfg["initial_velocities"]:
         rng = np.random.default_rng(cfg["seed"])

@@ -7,7 +7,11 @@ from flashcart.testing import SimulationBattery
 from ..simulation.systems import tiny_water_model, water_box, water_cluster
 from .runners import ase_runner, openmm_runner
 
-RUNNERS = {"ase": ase_runner}
+RUNNERS = {
+    "ase": ase_runner,
+    # the engine with its radial MLPs tabulated (4096 intervals, float64: within 1e-8 of the MLPs)
+    "ase-radial-tables": lambda model, **options: ase_runner(model, radial_table=4096, **options),
+}
 try:
     import openmm  # noqa: F401
 

@@ -126,3 +126,21 @@ def test_tables_move_and_cast_with_the_model_and_are_not_saved(model):
     assert not any("radial_table" in key for key in model.state_dict())
     model.float()
     assert model.interactions[0].radial_table.dtype == torch.float32
+
+
+def test_tables_survive_moves_and_copies_and_a_copy_of_stale_tables_stays_stale(model, make_batch):
+    import copy
+
+    batch = make_batch(model, [molecule(4)])
+    model.set_radial_tables(128)
+    expected = Predictor(model)(batch, forces=True)
+    model.to("cpu", torch.float64)  # a move or cast is no change of the MLPs
+    twin = copy.deepcopy(model)
+    out = Predictor(twin)(batch, forces=True)
+    assert torch.equal(out["forces"], expected["forces"]) and torch.equal(out["energy"], expected["energy"])
+    with torch.no_grad():
+        model.interactions[1].radial.layers[-1].weight.add_(0.01)
+    stale_twin = copy.deepcopy(model)
+    for m in (model, stale_twin):
+        with pytest.raises(RuntimeError, match="changed after their tables were built"):
+            Predictor(m)(batch, forces=True)

@@ -127,6 +127,12 @@ def test_offsets_unknown_elements_and_bad_options(model):
         Engine(model, skin=-1)
     with pytest.raises(ValueError, match="compile_mode must be"):
         Engine(model, compile_mode="fast")
+    with pytest.raises(ValueError, match="radial_table must be 0"):
+        Engine(model, radial_table=8)
+    tabulated = Engine(model, device="cpu", dtype="float64", radial_table=4096)
+    assert tabulated.model.interactions[0].radial_table is not None and model.interactions[0].radial_table is None
+    r = tabulated.evaluate(atoms.positions, atoms.numbers)
+    assert r.energy == pytest.approx(with_offsets.energy, rel=1e-9) and np.abs(r.forces - with_offsets.forces).max() < 1e-7
     assert isinstance(engine, Evaluator) and make_evaluator(engine) is engine
     with pytest.raises(ValueError, match=r"options \['skin'\] configure a new engine"):
         make_evaluator(engine, skin=1.0, device="auto")

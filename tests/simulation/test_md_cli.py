@@ -33,6 +33,7 @@ def test_packaged_md_config_covers_the_schema_and_comments_every_key():
         ("timestep=-1", "'timestep' must be > 0"),
         ("compile_mode=fast", "'compile_mode' must be one of"),
         ("headroom=-0.1", "'headroom' must be >= 0"),
+        ("radial_table=-1", "'radial_table' must be >= 0"),
         ("trajectory=out.pdb", "must end in .extxyz, .xyz or .dcd"),
     ],
 )
@@ -100,6 +101,22 @@ def test_openmm_nvt_writes_a_dcd_trajectory(files, capsys):
     assert data[4:8] == b"CORD" and struct.unpack("<i", data[8:12])[0] == 3  # frames at steps 0, 2, 4
     lines = (out / "md.log").read_text().splitlines()
     assert [int(line.split()[0]) for line in lines[1:]] == [0, 2, 4]
+
+
+def test_md_with_tabulated_radial_mlps_conserves_energy(files, capsys):
+    """radial_table: the engine's radial MLPs as tables (NVE energy conserved, the tabulated
+    forces being the tabulated energy's exact derivative); too few intervals name the key."""
+    out = files / "tables"
+    cfg = files / "tables.yaml"
+    cfg.write_text(f"model: {files / 'best'}\nstructure: {files / 'cluster.extxyz'}\noutput_path: {out}\n")
+    args = [str(cfg), "steps=6", "log_interval=3", "device=cpu", "dtype=float64", "compare_profile=false", "timestep=0.25"]
+    assert main([*args, "radial_table=256", "--no-progress"]) == 0
+    lines = (out / "md.log").read_text().splitlines()
+    etot = [float(line.split()[4]) for line in lines[1:]]
+    assert len(etot) == 3 and max(etot) - min(etot) < 1e-3
+    capsys.readouterr()
+    assert main([*args, "radial_table=8", "--no-progress"]) == 2
+    assert "key 'radial_table' must be 0 (the radial MLPs) or at least 16" in capsys.readouterr().err
 
 
 def test_cli_errors_are_one_line(files, capsys):
