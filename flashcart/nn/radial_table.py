@@ -57,7 +57,9 @@ def table_weights(table: torch.Tensor, r_max: float, d: torch.Tensor) -> torch.T
     """``[n, W]``: the tabulated function at lengths ``d`` ``[n]`` (Å), zero from ``r_max`` on,
     differentiable in ``d``. ``table``: :func:`cubic_table`'s, in ``d``'s dtype."""
     intervals = table.shape[0]
-    x = d * (intervals / r_max)
+    # lengths from r_max on (padding edges: 2 r_max) evaluate the last interval's end, then
+    # masked: no cubic of a far length, whose powers could overflow into the masked gradient
+    x = d.clamp(max=r_max) * (intervals / r_max)
     k = x.detach().floor().clamp(0, intervals - 1)
     s = (x - k)[:, None]
     c0, c1, c2, c3 = table.index_select(0, k.long()).unbind(1)

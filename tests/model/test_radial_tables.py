@@ -144,3 +144,14 @@ def test_tables_survive_moves_and_copies_and_a_copy_of_stale_tables_stays_stale(
     for m in (model, stale_twin):
         with pytest.raises(RuntimeError, match="changed after their tables were built"):
             Predictor(m)(batch, forces=True)
+
+
+def test_far_lengths_give_zero_weights_and_finite_zero_gradients():
+    """Lengths far beyond r_max (padding, parked atoms) are masked before any power is taken:
+    exactly zero weights and gradients, in float32 too."""
+    table = torch.randn(64, 4, 5).float()
+    d = torch.tensor([1.0, R_MAX, 1e6, 3e12], requires_grad=True)
+    w = table_weights(table, R_MAX, d)
+    assert bool((w[1:] == 0).all()) and bool(w[0].abs().sum() > 0)
+    (g,) = torch.autograd.grad(w.sum(), d)
+    assert bool(g.isfinite().all()) and bool((g[1:] == 0).all())
