@@ -111,6 +111,13 @@ def model_arguments(parser) -> None:
         choices=["auto", "on", "off"],
         help="FlashCartPotential.radial_pairs: the radial MLPs once per pair of reverse edges (auto: the CPU and compiled CUDA calls)",
     )
+    parser.add_argument(
+        "--radial-table",
+        type=int,
+        default=0,
+        metavar="K",
+        help="tabulate the radial MLPs on K intervals (FlashCartPotential.set_radial_tables; inference only), 0: the MLPs",
+    )
 
 
 def build(args, device: torch.device):
@@ -124,6 +131,8 @@ def build(args, device: torch.device):
     prefit(model, [s])
     model.radial_pairs = {"auto": "auto", "on": True, "off": False}[getattr(args, "radial_pairs", "auto")]
     model.to(device)
+    if getattr(args, "radial_table", 0):
+        model.set_radial_tables(args.radial_table)
     batch = collate([s], model.z_to_type.cpu()).to(device, torch.float32)
     return model, batch
 

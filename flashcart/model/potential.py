@@ -15,9 +15,10 @@ from ase.data import atomic_numbers, chemical_symbols
 
 from ..cartesian import DirectionExpansion
 from ..cartesian._frozen import frozen_derived
-from ..cartesian._layout import edge_csr_reused
+from ..cartesian._layout import edge_csr, edge_csr_reused
 from ..nn.blocks import Gate, Interaction, ProductBlock
 from ..nn.edge_features import edge_features
+from ..nn.edge_layout import EdgeLayout
 from ..nn.edge_pairs import EdgePairs, edge_pairs, pairs_fit
 from ..nn.radial import MLP, ChebyshevBasis, PolynomialEnvelope
 from ..nn.radial_table import cubic_table
@@ -194,13 +195,16 @@ class FlashCartPotential(torch.nn.Module):
         receivers: torch.Tensor,
         senders: torch.Tensor,
         edge_batch: torch.Tensor,
+        layout: EdgeLayout | None = None,
     ) -> torch.Tensor:
         """Per-atom energies ``[N]`` (eV).
 
         Args:
             positions: ``[N, 3]`` Å; types: ``[N]``; cell: ``[G, 3, 3]`` Å (rows are lattice vectors);
             shifts: ``[E, 3]`` integer image offsets; receivers/senders: ``[E]`` (grouped by
-            receiver); edge_batch: ``[E]`` graph of each edge.
+            receiver); edge_batch: ``[E]`` graph of each edge; layout: the list's
+            :class:`~flashcart.nn.edge_layout.EdgeLayout` from :meth:`edge_layout`, or ``None``
+            to compute it in the call.
         """
         tables = self.radial_tables_used()
         edges = edge_features(
@@ -217,9 +221,12 @@ class FlashCartPotential(torch.nn.Module):
             need_length=tables,
         )
         attrs, radial, env = self.expansion.of_unit(edges.unit), edges.radial, edges.env
-        csr = edge_csr_reused(receivers, senders, positions.shape[0])
+        if layout is None:
+            csr = edge_csr_reused(receivers, senders, positions.shape[0])
+            pairs = self._edge_pairs(receivers, senders, shifts, env, positions.shape[0])
+        else:
+            csr, pairs = (layout.rowptr, layout.perm, layout.srowptr), layout.pairs
         node_embed = self._embedded(self.element_embedding, types) if hasattr(self, "element_embedding") else None
-        pairs = self._edge_pairs(receivers, senders, shifts, env, positions.shape[0])
         x = self._embedded(self.embedding, types)
         scalars = []
         for interaction, gate, product in zip(self.interactions, self.gates, self.products):
@@ -318,18 +325,37 @@ class FlashCartPotential(torch.nn.Module):
             return False
         return mode is True or not cuda or compiled
 
-    def check_pair_complete(self, receivers, senders, shifts, n_real_edges: int, n_nodes: int, where: str = "the neighbour list") -> None:
-        """Raise ``ValueError`` unless the first ``n_real_edges`` edges group into pairs within the
-        static row count of a compiled call (edges after them are padding). One synchronisation."""
-        live = torch.arange(receivers.shape[0], device=receivers.device) < n_real_edges
-        pairs = edge_pairs(receivers, senders, shifts, live, n_nodes)
-        if not pairs_fit(pairs, shifts, n_nodes):
-            raise ValueError(
-                f"{where} is not pair-complete ({int(pairs.n_groups)} pairs and single edges among {n_real_edges} edges, "
-                f"at most {pairs.leader.shape[0]} fit): compiled calls evaluate the radial MLPs once per pair of reverse "
-                f"edges, so every edge i -> j needs its j -> i with the opposite shift (a full neighbour list). "
-                f"Pass a full list, or set model.radial_pairs = False"
-            )
+    def edge_layout(
+        self, receivers, senders, shifts, n_real_edges: int, n_nodes: int, compiled: bool, where: str = "the neighbour list"
+    ) -> EdgeLayout:
+        """The :class:`~flashcart.nn.edge_layout.EdgeLayout` of a neighbour list, for calls of
+        :meth:`forward` on it (:mod:`flashcart.nn.edge_layout`): the products' CSR layout, and the
+        radial MLPs' pairs where a call would use them (:meth:`radial_pairs_used`).
+
+        Args:
+            receivers, senders: ``[E]`` (grouped by receiver); shifts: ``[E, 3]``; n_real_edges: the
+                first edges that are real (those after them are padding, longer than the cutoff);
+            n_nodes: the node count; compiled: for compiled calls, which cannot fall back to one MLP
+                row per edge: a list that is not pair-complete is an error (``ValueError`` naming
+                ``where``); eager calls then get no pairs.
+
+        With pairs, one synchronisation (:func:`~flashcart.nn.edge_pairs.pairs_fit`).
+        """
+        rowptr, perm, srowptr = edge_csr(receivers, senders, n_nodes)
+        pairs = None
+        if receivers.shape[0] > 0 and self.radial_pairs_used(receivers.is_cuda, compiled=compiled):
+            live = torch.arange(receivers.shape[0], device=receivers.device) < n_real_edges
+            pairs = edge_pairs(receivers, senders, shifts, live, n_nodes)
+            if not pairs_fit(pairs, shifts, n_nodes):
+                if compiled:
+                    raise ValueError(
+                        f"{where} is not pair-complete ({int(pairs.n_groups)} pairs and single edges among {n_real_edges} edges, "
+                        f"at most {pairs.leader.shape[0]} fit): compiled calls evaluate the radial MLPs once per pair of reverse "
+                        f"edges, so every edge i -> j needs its j -> i with the opposite shift (a full neighbour list). "
+                        f"Pass a full list, or set model.radial_pairs = False"
+                    )
+                pairs = None
+        return EdgeLayout(rowptr, perm, srowptr, pairs)
 
     def _edge_pairs(self, receivers, senders, shifts, env, n_nodes: int) -> EdgePairs | None:
         """The edges grouped into reverse pairs for the radial MLPs, or ``None`` (one MLP row per edge).
@@ -338,7 +364,7 @@ class FlashCartPotential(torch.nn.Module):
         (:func:`~flashcart.nn.edge_pairs.pairs_fit`, one synchronisation) and fall back to one row
         per edge when not; compiled calls and CUDA-graph captures cannot check, so they take the
         list to be pair-complete, as every list FlashCart builds is (the :class:`Predictor`
-        checks each new list it pads). Traced and exported models keep one row per edge.
+        passes each call its list's pairs, checked once per list: :meth:`edge_layout`). Traced and exported models keep one row per edge.
         """
         # Not torch.compiler.is_exporting(): it is also true while dynamo traces a CUDA call for
         # torch.compile (torch 2.11, H200, 2026-12-02), which then never used the pairs. Exported
@@ -353,9 +379,11 @@ class FlashCartPotential(torch.nn.Module):
             return pairs
         return pairs if pairs_fit(pairs, shifts, n_nodes) else None
 
-    def forward(self, positions, types, cell, shifts, receivers, senders, batch, edge_batch, n_graphs: int):
-        """Energies per graph ``[G]`` (eV)."""
-        site = self.site_energies(positions, types, cell, shifts, receivers, senders, edge_batch)
+    def forward(
+        self, positions, types, cell, shifts, receivers, senders, batch, edge_batch, n_graphs: int, layout: EdgeLayout | None = None
+    ):
+        """Energies per graph ``[G]`` (eV); ``layout``: see :meth:`site_energies`."""
+        site = self.site_energies(positions, types, cell, shifts, receivers, senders, edge_batch, layout)
         if n_graphs == 1:  # one structure (a simulation's call): a sum, whose backward broadcasts instead of gathering
             return site.sum(0, keepdim=True)
         return torch.zeros(n_graphs, dtype=site.dtype, device=site.device).index_add(0, batch, site)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import types
 import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Iterator
@@ -51,20 +52,26 @@ def energy_forces_stress(
     n_graphs: int,
     forces: bool,
     create_graph: bool,
+    layout: Any = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Energies ``[G]`` eV, forces ``[N, 3]`` eV/Å (``-dE/dx``), stress ``[G, 3, 3]`` eV/Å^3.
 
     ``positions`` (and ``strain`` ``[G, 3, 3]`` of zeros, when stress is wanted) must be
     leaves that require grad when derivatives are requested (``requires_grad_`` cannot be
     called inside ``torch.compile``). Stress is ``dE/d(strain) / V`` for a symmetric strain
-    applied to positions and cell.
+    applied to positions and cell. ``layout``: the list's
+    :class:`~flashcart.nn.edge_layout.EdgeLayout` (``model.edge_layout``), passed on to the model
+    when given.
     """
     pos, c = positions, cell
     if strain is not None:
         sym = 0.5 * (strain + strain.transpose(1, 2))
         pos = positions + torch.einsum("ni,nij->nj", positions, sym[batch])
         c = cell + torch.bmm(cell, sym)
-    energy = model(pos, types, c, shifts, receivers, senders, batch, edge_batch, n_graphs)
+    if layout is None:
+        energy = model(pos, types, c, shifts, receivers, senders, batch, edge_batch, n_graphs)
+    else:
+        energy = model(pos, types, c, shifts, receivers, senders, batch, edge_batch, n_graphs, layout=layout)
     if not forces and strain is None:
         return energy, None, None
     wrt = [positions] + ([strain] if strain is not None else [])
@@ -146,6 +153,11 @@ class Capacities:
     graphs: int = 0
 
 
+def _own_code(fn: Callable) -> Callable:
+    """``fn`` with a copy of its code object (same globals, defaults and closure)."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
 def _round_up(n: int, multiple: int) -> int:
     return max(multiple, int(math.ceil(n / multiple)) * multiple)
 
@@ -192,7 +204,7 @@ class Predictor:
         self.capacities = Capacities()
         self._compiled: dict[tuple, Callable] = {}
         self._pad_cache: tuple | None = None  # (graph tensors, capacities, padded batch)
-        self._pairs_checked: tuple | None = None  # the last list checked for pair-completeness
+        self._layout_cache: tuple | None = None  # (list tensors, their versions, key, EdgeLayout)
         self._parameters = list(model.parameters())
         self._warned_cpu_mode = False
 
@@ -257,21 +269,29 @@ class Predictor:
                 stress=b.stress,
             )
         out = self._pad(b, n, e, g)
-        self._check_pairs(out, e)
         self._pad_cache = (graph, (cap.atoms, cap.edges, cap.graphs), out)
         return out
 
-    def _check_pairs(self, b: Batch, n_real_edges: int) -> None:
-        """Compiled calls cannot check the radial MLPs' pair grouping (:mod:`flashcart.nn.edge_pairs`):
-        check each new neighbour list once, before them (one synchronisation)."""
-        check = getattr(self.model, "check_pair_complete", None)
-        if not self.compile or check is None or not self.model.radial_pairs_used(b.receivers.is_cuda, compiled=True):
-            return
+    def _layout(self, b: Batch, n_real_edges: int) -> Any:
+        """The :class:`~flashcart.nn.edge_layout.EdgeLayout` of ``b``'s neighbour list (the model's
+        ``edge_layout``), computed once per list: reused while the receivers, senders and shifts are
+        the very same unchanged tensors (a simulation between list rebuilds, the profiler). ``None``
+        for models without ``edge_layout`` and with ``FLASHCART_EDGE_LAYOUT=0`` (each call then
+        computes it). A compiled call's list that is not pair-complete is a ``ValueError`` here."""
+        from ..nn import edge_layout as _edge_layout
+
+        make = getattr(self.model, "edge_layout", None)
+        if make is None or not _edge_layout.EDGE_LAYOUT:
+            return None
         listed = (b.receivers, b.senders, b.shifts)
-        if self._pairs_checked is not None and all(x is y for x, y in zip(self._pairs_checked, listed)):
-            return  # the list checked last time (the very same tensors)
-        check(b.receivers, b.senders, b.shifts, n_real_edges, b.positions.shape[0], where="the batch's neighbour list")
-        self._pairs_checked = listed
+        versions = tuple(t._version for t in listed)
+        key = (n_real_edges, b.positions.shape[0], self.compile, self.model.radial_pairs_used(b.receivers.is_cuda, compiled=self.compile))
+        hit = self._layout_cache
+        if hit is not None and all(x is y for x, y in zip(hit[0], listed)) and hit[1] == versions and hit[2] == key:
+            return hit[3]
+        layout = make(*listed, n_real_edges, b.positions.shape[0], compiled=self.compile, where="the batch's neighbour list")
+        self._layout_cache = (listed, versions, key, layout)
+        return layout
 
     def _pad(self, b: Batch, n: int, e: int, g: int) -> Batch:
         cap = self.capacities
@@ -331,33 +351,39 @@ class Predictor:
         return {"options": options}
 
     def _compiled_or_plain(self, run: Callable, device_type: str) -> Callable:
-        """``run`` wrapped in ``torch.compile`` with this Predictor's settings, or itself uncompiled."""
+        """``run`` wrapped in ``torch.compile`` with this Predictor's settings, or itself uncompiled.
+
+        Compiled, ``run`` gets a code object of its own (:func:`_own_code`): dynamo keeps its
+        compiled graphs per code object, and every ``run`` of every Predictor is otherwise the same
+        one. Its recompile limit (8 graphs) then counted every Predictor's graphs in the process,
+        and the ninth model compiled in one process (with ``fullgraph``) failed outright.
+        """
         if not self.compile:
             return run
         return torch.compile(
-            run,
+            _own_code(run),
             fullgraph=self.compile_fullgraph,
             dynamic=self.compile_dynamic,
             backend=self.compile_backend,
             **self._compile_options(device_type),
         )
 
-    def _prepared(self, batch: Batch) -> Batch:
-        """``batch`` padded (with ``pad``), else itself with its neighbour list's pairs checked."""
-        if self.pad:
-            return self.padded(batch)
-        self._check_pairs(batch, batch.receivers.shape[0])
-        return batch
+    def _prepared(self, batch: Batch) -> tuple[Batch, Any]:
+        """``(batch padded (with pad) or itself, its list's EdgeLayout or None)`` (:meth:`_layout`)."""
+        n_edges = batch.receivers.shape[0]
+        b = self.padded(batch) if self.pad else batch
+        return b, self._layout(b, n_edges)
 
     def _function(self, forces: bool, stress: bool, create_graph: bool, device_type: str) -> Callable:
         key = (forces, stress, create_graph, device_type)
         if key not in self._compiled:
             model = self.model
 
-            def run(positions, strain, types, cell, shifts, receivers, senders, batch, edge_batch, n_graphs):
+            def run(positions, strain, types, cell, shifts, receivers, senders, batch, edge_batch, n_graphs, layout=None):
                 return energy_forces_stress(
-                    model, positions, strain, types, cell, shifts, receivers, senders, batch, edge_batch, n_graphs, forces, create_graph
-                )
+                    model, positions, strain, types, cell, shifts, receivers, senders, batch, edge_batch, n_graphs, forces, create_graph,
+                    layout,
+                )  # fmt: skip
 
             self._compiled[key] = self._compiled_or_plain(run, device_type)
         return self._compiled[key]
@@ -392,9 +418,11 @@ class Predictor:
         if key not in self._compiled:
             model, params = self.model, list(parameters)
 
-            def run(positions, strain, types, cell, shifts, receivers, senders, batch, edge_batch, n_graphs, targets, atoms, graphs):
+            def run(
+                positions, strain, types, cell, shifts, receivers, senders, batch, edge_batch, n_graphs, targets, atoms, graphs, layout
+            ):
                 energy, f, s = energy_forces_stress(
-                    model, positions, strain, types, cell, shifts, receivers, senders, batch, edge_batch, n_graphs, forces, True
+                    model, positions, strain, types, cell, shifts, receivers, senders, batch, edge_batch, n_graphs, forces, True, layout
                 )
                 pred = {"energy": energy}
                 if forces:
@@ -431,7 +459,7 @@ class Predictor:
         """
         params = tuple(parameters)
         n, g = batch.positions.shape[0], batch.n_graphs
-        b = self._prepared(batch)
+        b, layout = self._prepared(batch)
         n_pad, g_pad = b.positions.shape[0] - n, b.n_graphs - g
         ref = batch.positions
         targets = {
@@ -455,7 +483,7 @@ class Predictor:
         with _compile_context(self.compile), torch.enable_grad():
             loss, grads = fn(
                 positions, strain, b.types, b.cell, b.shifts, b.receivers, b.senders, b.batch, b.edge_batch, b.n_graphs,
-                targets, atom_mask, graph_mask,
+                targets, atom_mask, graph_mask, layout,
             )  # fmt: skip
         if cudagraphs:  # static buffers, overwritten by the next replay
             return loss.clone(), tuple(None if t is None else t.clone() for t in grads)
@@ -464,7 +492,7 @@ class Predictor:
     def __call__(self, batch: Batch, forces: bool = True, stress: bool = False, create_graph: bool = False) -> dict[str, torch.Tensor]:
         """``{"energy": [G], "forces": [N, 3], "stress": [G, 3, 3]}`` for the real atoms and graphs."""
         n, g = batch.positions.shape[0], batch.n_graphs
-        b = self._prepared(batch)
+        b, layout = self._prepared(batch)
         need_grad = forces or stress
         positions = b.positions.detach().requires_grad_(need_grad)
         strain = None
@@ -482,7 +510,9 @@ class Predictor:
             _compile_context(self.compile),
             torch.enable_grad() if need_grad or create_graph else torch.no_grad(),
         ):
-            energy, f, s = fn(positions, strain, b.types, b.cell, b.shifts, b.receivers, b.senders, b.batch, b.edge_batch, b.n_graphs)
+            energy, f, s = fn(
+                positions, strain, b.types, b.cell, b.shifts, b.receivers, b.senders, b.batch, b.edge_batch, b.n_graphs, layout
+            )
         out = {"energy": energy[:g]}
         if forces:
             out["forces"] = f[:n]

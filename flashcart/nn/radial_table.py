@@ -12,7 +12,9 @@ size. Rounded knot values would instead put their ulps, divided by ``h``, into t
 each length's interval row, Horner's rule, zero from ``r_max`` on. In a compiled call that is
 one fused gather kernel, instead of three products and the activations between them. Autograd
 differentiates the cubic, so forces are the exact derivative of the tabulated energy: the
-interpolant is C1 and energy is conserved.
+interpolant is C1 and energy is conserved. Eager calls with tables compute the edge features
+with ATen operations: the fused edge kernels (:mod:`flashcart.nn.edge_kernels`) do not return
+the lengths the tables read.
 
 Accuracy, measured by ``benchmarks/radial_table.py`` (i2c3f20l2r's two interactions, maximum
 error over 200,000 random lengths, relative to the largest ``|w|`` and ``|w'|``):

@@ -192,3 +192,13 @@ def test_loss_and_grads_equal_the_outer_backward(compile, derivatives):
         if k == 0:
             first = backend.count
     assert backend.count == first and (first >= 1 if compile else first == 0)
+
+
+def test_many_compiled_predictors_in_one_process(model, make_batch):
+    """Dynamo keeps at most 8 graphs per code object, and every Predictor's compiled function once
+    shared one: the ninth Predictor compiled in a process for a new shape (fullgraph) failed."""
+    torch._dynamo.reset()
+    for k in range(1, 11):
+        batch = make_batch(model, [molecule(s) for s in range(k)])
+        out = Predictor(model, compile=True, compile_backend="eager", pad=False)(batch)
+        assert_close(out["forces"], Predictor(model)(batch)["forces"], 1e-12, "forces")
