@@ -153,10 +153,11 @@
 #            profile_radial_table 0 and 4096, and the compiled call's kernels with tables (about 9 minutes)
 #   radialquick one GPU: part radialtable cut to about 4 minutes (the GPU test, one profiler run with tables, one without)
 #   layout   one GPU: the neighbour list's layout (CSR, radial pairs) computed once per list by the Predictor
-#            (flashcart.nn.edge_layout): the pairs' and tests/model's GPU tests, then the profiler's reduce-overhead
-#            force call with FLASHCART_EDGE_LAYOUT 1 and 0, radial tables of 4096 intervals (about 9 minutes)
-#   layout2  one GPU: the same A/B with the radial MLPs, the tables' run again, and the compiled call's kernels with
-#            the tables and the layout (about 9 minutes)
+#            (flashcart.nn.edge_layout): the pairs' and tests/model's GPU tests, then the reduce-overhead force call
+#            with FLASHCART_EDGE_LAYOUT 1 and 0 in one process (benchmarks/edge_layout.py), with 4096-interval radial
+#            tables and with the MLPs (about 9 minutes)
+#   layout2  one GPU: the profiler's reduce-overhead force call with tables, FLASHCART_EDGE_LAYOUT 1 and 0 (a process
+#            each), and the compiled call's kernels with the tables and the layout (about 8 minutes)
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -979,16 +980,16 @@ radialquick)
   for k in 4096 0; do profile_run S reduce-overhead inference 90 profile_radial_table=$k; done > "$out/profile_tables.log" 2>&1
   ;;
 layout)
-  gpu_tests 0 "tests/nn/test_edge_pairs.py:150" "tests/model/test_gpu_model.py:200" > "$out/tests.log" 2>&1
-  for v in 1 0; do
-    echo "FLASHCART_EDGE_LAYOUT=$v"; (export FLASHCART_EDGE_LAYOUT=$v; profile_run S reduce-overhead inference 110 profile_radial_table=4096)
-  done > "$out/profile_layout.log" 2>&1
+  gpu_tests 0 "tests/nn/test_edge_pairs.py tests/model/test_gpu_model.py:260" > "$out/tests.log" 2>&1
+  for k in 4096 0; do
+    timeout 140 python3 benchmarks/edge_layout.py --device cuda --model i2c3f20l2r --structure diamond \
+      --compile-mode reduce-overhead --radial-table $k --rounds 10 --calls 20
+  done > "$out/layout_ab.log" 2>&1
   ;;
 layout2)
   for v in 1 0; do
-    echo "FLASHCART_EDGE_LAYOUT=$v"; (export FLASHCART_EDGE_LAYOUT=$v; profile_run S reduce-overhead inference 110)
-  done > "$out/profile_layout_mlp.log" 2>&1
-  (export FLASHCART_EDGE_LAYOUT=1; profile_run S reduce-overhead inference 110 profile_radial_table=4096) > "$out/profile_layout_tables.log" 2>&1
+    echo "FLASHCART_EDGE_LAYOUT=$v"; (export FLASHCART_EDGE_LAYOUT=$v; profile_run S reduce-overhead inference 110 profile_radial_table=4096)
+  done > "$out/profile_layout.log" 2>&1
   timeout 170 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases inference --compile-mode default \
     --repeat 5 --rows 50 --radial-table 4096 > "$out/kernels_tables.log" 2>&1
   ;;
