@@ -57,12 +57,15 @@ def main() -> None:
         edge_layout.EDGE_LAYOUT = setting
         return predictors[setting](batch, forces=True)["forces"]
 
+    start = time.perf_counter()
     with predictors[True].frozen():
         forces = {}
         for setting in (True, False):  # compile and warm up
             for _ in range(3):
                 forces[setting] = call(setting)
-        synchronize(device)
+            synchronize(device)
+            label = "once per list" if setting else "every call"
+            print(f"[warm-up] layout {label}: compiled and warm after {time.perf_counter() - start:.0f} s")
         diff = float((forces[True] - forces[False]).abs().max())
         times: dict[bool, list[float]] = {True: [], False: []}
         for r in range(args.rounds):
