@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 from ..data.batch import Batch
+from ..nn import edge_layout as _edge_layout
 
 __all__ = ["Predictor", "energy_forces_stress", "Capacities", "frozen_parameters", "CUDA_GRAPH_MODES"]
 
@@ -278,8 +279,6 @@ class Predictor:
         the very same unchanged tensors (a simulation between list rebuilds, the profiler). ``None``
         for models without ``edge_layout`` and with ``FLASHCART_EDGE_LAYOUT=0`` (each call then
         computes it). A compiled call's list that is not pair-complete is a ``ValueError`` here."""
-        from ..nn import edge_layout as _edge_layout
-
         make = getattr(self.model, "edge_layout", None)
         if make is None or not _edge_layout.EDGE_LAYOUT:
             return None
