@@ -32,6 +32,25 @@ from flashcart.model.predictor import Predictor  # noqa: E402
 from flashcart.profiling import synchronize  # noqa: E402
 
 
+def profile(call, setting: bool, n: int, device: torch.device) -> None:
+    """``n`` calls of ``setting`` under :mod:`torch.profiler`: the ops and kernels with the most
+    host and device time, to tell where two settings' times part."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    synchronize(device)
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(n):
+            call(setting)
+        synchronize(device)
+    label = "once per list" if setting else "every call"
+    events = prof.key_averages()
+    for sort in ("self_cpu_time_total", "self_device_time_total" if device.type == "cuda" else None):
+        if sort:
+            print(f"[profile] layout {label}, {n} calls, by {sort}")
+            print(events.table(sort_by=sort, row_limit=25, max_name_column_width=70))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     model_arguments(parser)
@@ -39,6 +58,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--calls", type=int, default=20, help="calls per round")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument(
+        "--first", default="once", choices=["once", "every"], help="the setting compiled and warmed up first (order effects)"
+    )
+    parser.add_argument(
+        "--profile", type=int, default=0, metavar="N", help="after timing, N calls of each setting under torch.profiler: its busiest ops"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -60,7 +85,8 @@ def main() -> None:
     start = time.perf_counter()
     with predictors[True].frozen():
         forces = {}
-        for setting in (True, False):  # compile and warm up
+        order = (True, False) if args.first == "once" else (False, True)
+        for setting in order:  # compile and warm up
             for _ in range(3):
                 forces[setting] = call(setting)
             synchronize(device)
@@ -69,13 +95,15 @@ def main() -> None:
         diff = float((forces[True] - forces[False]).abs().max())
         times: dict[bool, list[float]] = {True: [], False: []}
         for r in range(args.rounds):
-            for setting in (True, False) if r % 2 == 0 else (False, True):
+            for setting in order if r % 2 == 0 else order[::-1]:
                 synchronize(device)
                 t0 = time.perf_counter()
                 for _ in range(args.calls):
                     call(setting)
                 synchronize(device)
                 times[setting].append((time.perf_counter() - t0) / args.calls * 1e3)
+        for setting in order if args.profile else ():
+            profile(call, setting, args.profile, device)
     edge_layout.EDGE_LAYOUT = True
     for setting, label in ((True, "once per list (FLASHCART_EDGE_LAYOUT=1)"), (False, "every call (FLASHCART_EDGE_LAYOUT=0)")):
         t = times[setting]

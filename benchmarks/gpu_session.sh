@@ -158,6 +158,12 @@
 #            first run (the pairs' GPU tests, 5 passed) did not reach (about 10 minutes)
 #   layout2  one GPU: the profiler's reduce-overhead force call with tables, FLASHCART_EDGE_LAYOUT 1 and 0 (a process
 #            each), and the compiled call's kernels with the tables and the layout (about 8 minutes)
+#   layoutwhy one GPU: why part layout's A/B had the layout once per list slower: the A/B in the other order with perf
+#            hints and torch.profiler, then the profiler with FLASHCART_EDGE_LAYOUT 1 and 0, a process each (about 9 minutes)
+#   layoutfix one GPU: the layout A/B after the fusion barrier on the tables' lengths, with tables and with the MLPs,
+#            then the tables' GPU test (about 8 minutes)
+#   layoutprofile one GPU: the profiler's reduce-overhead force call after layoutfix, with tables and without (about 4 minutes)
+#   layouttrain one GPU: the profiler's reduce-overhead training step with the layout once per list (about 4 minutes)
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -991,6 +997,34 @@ layout2)
   done > "$out/profile_layout.log" 2>&1
   timeout 170 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases inference --compile-mode default \
     --repeat 5 --rows 50 --radial-table 4096 > "$out/kernels_tables.log" 2>&1
+  ;;
+layoutwhy)
+  # part layout's A/B had the layout once per list 0.5 ms slower (2.498 against 1.993 ms): the same A/B with the other
+  # setting compiled first, dynamo's perf hints (cudagraph skips) and each setting's calls under torch.profiler; then
+  # the profiler's reduce-overhead force call with tables, FLASHCART_EDGE_LAYOUT 1 and 0, a process each (about 9 minutes)
+  TORCH_LOGS=perf_hints timeout 290 python3 benchmarks/edge_layout.py --device cuda --model i2c3f20l2r --structure diamond \
+    --compile-mode reduce-overhead --radial-table 4096 --rounds 6 --calls 20 --first every --profile 5 > "$out/layout_why.log" 2>&1
+  for v in 1 0; do
+    echo "FLASHCART_EDGE_LAYOUT=$v"; (export FLASHCART_EDGE_LAYOUT=$v; profile_run S reduce-overhead inference 110 profile_radial_table=4096)
+  done > "$out/profile_layout.log" 2>&1
+  ;;
+layoutfix)
+  # after the fusion barrier on the tables' lengths (flashcart.nn.fusion_barrier): the layout A/B with tables and with
+  # the radial MLPs, then the tables' GPU test (compiled against eager, the new op in the graph; about 8 minutes)
+  for k in 4096 0; do
+    timeout 170 python3 benchmarks/edge_layout.py --device cuda --model i2c3f20l2r --structure diamond \
+      --compile-mode reduce-overhead --radial-table $k --rounds 8 --calls 20 > "$out/layout_ab_$k.log" 2>&1
+  done
+  gpu_tests 0 "tests/model/test_gpu_model.py::test_radial_tables_on_gpu_compiled_and_eager:150" > "$out/tests.log" 2>&1
+  ;;
+layoutprofile)
+  # the profiler's reduce-overhead force call with the layout once per list and the barrier, with tables and without
+  # (about 4 minutes)
+  for k in 4096 0; do profile_run S reduce-overhead inference 110 profile_radial_table=$k; done > "$out/profile_layout.log" 2>&1
+  ;;
+layouttrain)
+  # the profiler's reduce-overhead training step with the layout once per list (about 4 minutes)
+  profile_run S reduce-overhead training 220 > "$out/profile_training.log" 2>&1
   ;;
 prefetchtrain)
   # FLASHCART_INDEX_PREFETCH 0 against auto (the default) in the trainer's reduce-overhead step (and the force call), a

@@ -34,6 +34,8 @@ from typing import Callable
 
 import torch
 
+from .fusion_barrier import realized
+
 __all__ = ["cubic_table", "table_weights", "MIN_INTERVALS"]
 
 MIN_INTERVALS = 16
@@ -59,6 +61,7 @@ def table_weights(table: torch.Tensor, r_max: float, d: torch.Tensor) -> torch.T
     """``[n, W]``: the tabulated function at lengths ``d`` ``[n]`` (Å), zero from ``r_max`` on,
     differentiable in ``d``. ``table``: :func:`cubic_table`'s, in ``d``'s dtype."""
     intervals = table.shape[0]
+    d = realized(d)  # compiled calls: stored once, not recomputed for each of the W weights
     # lengths from r_max on (padding edges: 2 r_max) evaluate the last interval's end, then
     # masked: no cubic of a far length, whose powers could overflow into the masked gradient
     x = d.clamp(max=r_max) * (intervals / r_max)
