@@ -164,6 +164,7 @@
 #            then the tables' GPU test (about 8 minutes)
 #   layoutprofile one GPU: the profiler's reduce-overhead force call after layoutfix, with tables and without (about 4 minutes)
 #   layouttrain one GPU: the profiler's reduce-overhead training step with the layout once per list (about 4 minutes)
+#   steptrain one GPU: the force call and the trainer's reduce-overhead step in one process, with the layout (about 4 minutes)
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -1025,6 +1026,12 @@ layoutprofile)
 layouttrain)
   # the profiler's reduce-overhead training step with the layout once per list (about 4 minutes)
   profile_run S reduce-overhead training 220 > "$out/profile_training.log" 2>&1
+  ;;
+steptrain)
+  # i2c3f20l2r's reduce-overhead force call and the trainer's step (gradients in the graph) in one process, with the
+  # layout once per list (the training target's ratio; about 4 minutes)
+  timeout 270 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond --calls reduce-overhead \
+    --training --setting pair --rounds 7 --calls-per-round 20 > "$out/calls_training.log" 2>&1
   ;;
 prefetchtrain)
   # FLASHCART_INDEX_PREFETCH 0 against auto (the default) in the trainer's reduce-overhead step (and the force call), a
