@@ -103,6 +103,24 @@ def test_padded_and_compiled_calls_read_the_tables(model, make_batch):
         assert_close(compiled[key], eager[key], 1e-12, f"compiled {key}")
 
 
+def test_compiled_calls_store_the_tables_lengths_once(model, make_batch):
+    """With tables, a compiled call passes each pair's lengths through the fusion barrier
+    (flashcart.nn.fusion_barrier): with the list's layout passed in, inductor otherwise recomputed
+    them inside every table weight (0.5 ms more per call on an H100). Once per interaction."""
+    torch._dynamo.reset()
+    batch = make_batch(model, [crystal()])
+    model.set_radial_tables(64)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    Predictor(model, compile=True, compile_backend=backend)(batch, forces=True)
+    barriers = [n for gm in graphs for n in gm.graph.nodes if n.target is torch.ops.flashcart.realized.default]
+    assert len(barriers) == len(model.interactions)
+
+
 def test_tables_refuse_training_stale_mlps_and_element_aware_interactions(model, make_batch):
     batch = make_batch(model, [molecule(2)])
     model.set_radial_tables(256)
