@@ -165,6 +165,8 @@
 #   layoutprofile one GPU: the profiler's reduce-overhead force call after layoutfix, with tables and without (about 4 minutes)
 #   layouttrain one GPU: the profiler's reduce-overhead training step with the layout once per list (about 4 minutes)
 #   steptrain one GPU: the force call and the trainer's reduce-overhead step in one process, with the layout (about 4 minutes)
+#   h200next one GPU (an H200: the README's machine): profiler reduce-overhead with and without tables, the trainer's
+#            step beside the force call, the eager force call, all after the layout and the fusion barrier (about 7 minutes)
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -1032,6 +1034,14 @@ steptrain)
   # layout once per list (the training target's ratio; about 4 minutes)
   timeout 270 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond --calls reduce-overhead \
     --training --setting pair --rounds 7 --calls-per-round 20 > "$out/calls_training.log" 2>&1
+  ;;
+h200next)
+  # the README's H200 figures after the layout and the fusion barrier: the profiler's reduce-overhead force call with
+  # tables and with the MLPs, the force call and the trainer's step in one process, the eager force call (about 7 minutes)
+  for k in 4096 0; do profile_run S reduce-overhead inference 110 profile_radial_table=$k; done > "$out/profile_compiled.log" 2>&1
+  timeout 200 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond --calls reduce-overhead \
+    --training --setting pair --rounds 7 --calls-per-round 20 > "$out/calls_training.log" 2>&1
+  profile_run S eager inference 60 > "$out/profile_eager.log" 2>&1
   ;;
 prefetchtrain)
   # FLASHCART_INDEX_PREFETCH 0 against auto (the default) in the trainer's reduce-overhead step (and the force call), a
