@@ -167,6 +167,8 @@
 #   steptrain one GPU: the force call and the trainer's reduce-overhead step in one process, with the layout (about 4 minutes)
 #   h200next one GPU (an H200: the README's machine): profiler reduce-overhead with and without tables, the trainer's
 #            step beside the force call, the eager force call, all after the layout and the fusion barrier (about 7 minutes)
+#   slopes   one GPU: the tables' slopes in the products' backward kernels: GPU parity, then the profiler's reduce-overhead
+#            force call with tables, FLASHCART_TABLE_SLOPES 1 and 0 (about 8 minutes)
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -1110,6 +1112,16 @@ eagercache)
   ;;
 ddp)
   timeout 540 python3 benchmarks/ddp_scaling.py --device gpu --devices 1 2 --epochs 3 > "$out/ddp.log" 2>&1
+  ;;
+slopes)
+  # the tables' slopes contracted in the products' backward kernels (W_SLOPE, FLASHCART_TABLE_SLOPES): GPU parity
+  # (float64 1e-12 against autograd through the slopes, every call path; the model with tables, compiled and eager),
+  # then the profiler's reduce-overhead force call with 4096-interval tables, slopes 1 and 0, a process each (about 8 minutes)
+  gpu_tests 0 "tests/cartesian/test_weight_slopes.py tests/model/test_gpu_model.py::test_radial_tables_on_gpu_compiled_and_eager:250" \
+    > "$out/tests.log" 2>&1
+  for v in 1 0; do
+    echo "FLASHCART_TABLE_SLOPES=$v"; (export FLASHCART_TABLE_SLOPES=$v; profile_run S reduce-overhead inference 110 profile_radial_table=4096)
+  done > "$out/profile_slopes.log" 2>&1
   ;;
 *)
   echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, pathgroups, splitsauto, splitsautotrain, splitsparity, prefetch, prefetch2, geomdump, eagercache, rowwise, eagernext, eagersync, rmsforms, edges or ddp)"; exit 2

@@ -11,8 +11,9 @@ from ._components import dim
 from ._layout import edge_csr, layout_width, split_ranks
 from ._paths import Path, enumerate_paths
 from ._weight_rows import WeightRows, gather_weight_rows
+from ._weight_slopes import WeightSlopes, apply_weight_slopes
 
-__all__ = ["TensorProduct", "WeightRows", "edge_csr", "DENSE_DEVICES"]
+__all__ = ["TensorProduct", "WeightRows", "WeightSlopes", "edge_csr", "DENSE_DEVICES"]
 
 # Device types on which the PyTorch backend contracts dense couplings (TensorProduct._rows_dense)
 # instead of running the generated straight-line code per path (TensorProduct._rows): an i2c3f20l2r force call has
@@ -38,7 +39,8 @@ class TensorProduct(torch.nn.Module):
         paths: the :class:`Path` list in weight order; ``n_paths``; ``n_paths_per_rank``;
         ``weight_numel`` (``n_paths * F``); ``out_features`` (``F``); ``out_width``.
 
-    ``forward(x1, x2, weights, receivers=None, senders=None, csr=None, weight_rows=None)``:
+    ``forward(x1, x2, weights, receivers=None, senders=None, csr=None, weight_rows=None,
+    weight_slopes=None)``:
 
     * dense: ``x1: [n, W1]``, ``x2: [n, W2]``, ``weights: [n, n_paths*F]`` or ``[n_paths*F]``
       -> ``[n, out_width]``;
@@ -49,6 +51,10 @@ class TensorProduct(torch.nn.Module):
       ``weight_rows`` (:class:`WeightRows`, convolution only, not with shared weights): edge
       ``e`` reads row ``weight_rows.index[e]`` of ``weights [R, n_paths*F]``; each row's gradient
       sums the edges ``weight_rows.edges[r]`` lists (see :mod:`._weight_rows`).
+      ``weight_slopes`` (:class:`WeightSlopes`): the weights are constants ``w(t)`` of one
+      variable per row and the gradient goes to ``t``; the Triton backward then contracts the
+      weights' gradient with the slopes per edge instead of writing it (see
+      :mod:`._weight_slopes`).
 
     Output layout: rank blocks ``(2L+1, n_paths_L, F)``, or ``(2L+1, F)`` with ``reduce_paths``.
     """
@@ -136,6 +142,17 @@ class TensorProduct(torch.nn.Module):
             raise ValueError(f"weights must have shape {list(expected)}, got {list(weights.shape)}")
         return conv
 
+    def _check_slopes(self, weights, weight_slopes) -> None:
+        slopes, t = weight_slopes
+        if self.shared_weights or weights.dim() != 2:
+            raise ValueError("weight_slopes needs per-edge or per-row weights [R, W], not shared ones")
+        if slopes.shape != weights.shape:
+            raise ValueError(f"weight_slopes.slopes must have the weights' shape {list(weights.shape)}, got {list(slopes.shape)}")
+        if t.shape != weights.shape[:1]:
+            raise ValueError(f"weight_slopes.t must have shape [{weights.shape[0]}] (one per weight row), got {list(t.shape)}")
+        if weights.requires_grad or slopes.requires_grad:
+            raise ValueError("with weight_slopes the weights and slopes are constants (detached): gradients flow to weight_slopes.t")
+
     def _check_rows(self, weight_rows, weights, rows: int, conv: bool) -> None:
         if not conv or self.shared_weights:
             raise ValueError("weight_rows needs convolution mode and per-edge (not shared) weights")
@@ -159,12 +176,21 @@ class TensorProduct(torch.nn.Module):
         senders: torch.Tensor | None = None,
         csr: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
         weight_rows: WeightRows | None = None,
+        weight_slopes: WeightSlopes | None = None,
     ) -> torch.Tensor:
+        """``weight_slopes`` (per-edge or per-row weights only): the weights are constants
+        ``w(t)`` of one variable per row, ``WeightSlopes(slopes [R, W], t [R])`` their
+        derivatives ``dw/dt`` and variables; gradients flow to ``t`` (to first order), not to
+        the weights (:mod:`flashcart.cartesian._weight_slopes`)."""
         conv = self._check(x1, x2, weights, receivers, senders, weight_rows)
+        if weight_slopes is not None:
+            self._check_slopes(weights, weight_slopes)
         if resolve_backend(self.backend, x1) == "triton":
             from ._triton.ops import tensor_product
 
-            return tensor_product(self, x1, x2, weights, receivers, senders, csr, weight_rows)
+            return tensor_product(self, x1, x2, weights, receivers, senders, csr, weight_rows, weight_slopes)
+        if weight_slopes is not None:
+            weights = apply_weight_slopes(weights, weight_slopes)
         if weight_rows is not None:
             weights = gather_weight_rows(weights, WeightRows(*weight_rows))
         with torch.profiler.record_function("flashcart::tensor_product[torch]"):

@@ -15,16 +15,18 @@ import math
 
 import torch
 
-from ..cartesian import EquivariantLinear, TensorProduct, WeightRows
+from ..cartesian import EquivariantLinear, TensorProduct, WeightRows, WeightSlopes
 from ..cartesian._backend import resolve_backend
 from ..cartesian._frozen import frozen_derived, parameters_of
 from ..cartesian._layout import layout_width
 from .radial import MLP
-from .radial_table import table_weights
+from .radial_table import table_slopes_enabled, table_weights, table_weights_and_slopes
 
 __all__ = ["Interaction", "Gate", "ProductBlock", "RMSNorm", "invariant_forms", "rank_channel_index"]
 
 _ACTIVATIONS = {"sigmoid": torch.sigmoid, "silu": torch.nn.functional.silu, "tanh": torch.tanh}
+# FLASHCART_TABLE_SLOPES, read at import (tests and benchmarks flip the attribute)
+_TABLE_SLOPES = table_slopes_enabled()
 
 
 def _fused_rowwise(x: torch.Tensor, backend: str):
@@ -173,17 +175,21 @@ class Interaction(torch.nn.Module):
         self.radial_table_r_max = 0.0
 
     def forward(self, x, attrs, radial, receivers, senders, csr, node_embed=None, pairs=None, lengths=None):
-        weights, rows = self.edge_weights(radial, receivers, senders, node_embed, pairs, lengths)
-        msg = self.tp(self.linear_in(x), attrs, weights, receivers, senders, csr, rows)
+        weights, rows, slopes = self.edge_weights(radial, receivers, senders, node_embed, pairs, lengths)
+        msg = self.tp(self.linear_in(x), attrs, weights, receivers, senders, csr, rows, slopes)
         # the neighbour normalisation folded into linear_out's weights (no pass over the nodes)
         out = self.linear_out(msg, self.inv_sqrt_avg_neighbors) + self.skip(x)
         return self.norm(out) if self.norm is not None else out
 
-    def edge_weights(self, radial, receivers, senders, node_embed=None, pairs=None, lengths=None) -> tuple[torch.Tensor, WeightRows | None]:
-        """``(weights, rows)``: the radial MLP's path weights ``[E, weight_numel]`` and ``None``; or,
-        with ``pairs`` (element-agnostic blocks), one row per pair ``[P, weight_numel]`` and the
-        :class:`WeightRows` through which the product reads each pair's row for both its edges.
-        With a :attr:`radial_table` the same from the table at ``lengths`` ``[E]`` (Å)."""
+    def edge_weights(
+        self, radial, receivers, senders, node_embed=None, pairs=None, lengths=None
+    ) -> tuple[torch.Tensor, WeightRows | None, WeightSlopes | None]:
+        """``(weights, rows, slopes)``: the radial MLP's path weights ``[E, weight_numel]``, ``None``
+        and ``None``; or, with ``pairs`` (element-agnostic blocks), one row per pair ``[P,
+        weight_numel]`` and the :class:`WeightRows` through which the product reads each pair's row
+        for both its edges. With a :attr:`radial_table` the same from the table at ``lengths``
+        ``[E]`` (Å); the weights are then constants and ``slopes`` their derivatives in the
+        lengths (:class:`WeightSlopes`), unless ``FLASHCART_TABLE_SLOPES=0``."""
         if self.radial_table is not None:
             if lengths is None:
                 raise ValueError("this interaction's radial MLP is tabulated: its forward needs the edge lengths")
@@ -196,14 +202,17 @@ class Interaction(torch.nn.Module):
                 lengths, rows = lengths.index_select(0, pairs.leader), WeightRows(pairs.pair_of_edge, pairs.row_edges)
             else:
                 rows = None
-            return table_weights(self.radial_table, self.radial_table_r_max, lengths), rows
+            if _TABLE_SLOPES:
+                weights, slopes = table_weights_and_slopes(self.radial_table, self.radial_table_r_max, lengths)
+                return weights, rows, WeightSlopes(slopes, lengths)
+            return table_weights(self.radial_table, self.radial_table_r_max, lengths), rows, None
         if self.element_features:
             # radial input stays proportional to the envelope: element terms multiply it
             env = radial[:, :1]
-            return self.radial(torch.cat([radial, node_embed[senders] * env, node_embed[receivers] * env], dim=1)), None
+            return self.radial(torch.cat([radial, node_embed[senders] * env, node_embed[receivers] * env], dim=1)), None, None
         if pairs is not None:
-            return self.radial(radial.index_select(0, pairs.leader)), WeightRows(pairs.pair_of_edge, pairs.row_edges)
-        return self.radial(radial), None
+            return self.radial(radial.index_select(0, pairs.leader)), WeightRows(pairs.pair_of_edge, pairs.row_edges), None
+        return self.radial(radial), None, None
 
 
 class Gate(torch.nn.Module):

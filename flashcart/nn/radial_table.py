@@ -30,15 +30,29 @@ rebuilds them).
 
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 import torch
 
 from .fusion_barrier import realized
 
-__all__ = ["cubic_table", "table_weights", "MIN_INTERVALS"]
+__all__ = ["cubic_table", "table_weights", "table_weights_and_slopes", "table_slopes_enabled", "MIN_INTERVALS"]
 
 MIN_INTERVALS = 16
+_SLOPES_ENV = "FLASHCART_TABLE_SLOPES"
+
+
+def table_slopes_enabled() -> bool:
+    """``FLASHCART_TABLE_SLOPES`` (``1``, the default, or ``0``): whether interactions pass the
+    products their tabulated weights with the slopes ``dw/dd`` (:func:`table_weights_and_slopes`,
+    the products' backward contracts the two per edge), or as a function autograd differentiates
+    (:func:`table_weights`: the weights' gradient ``[P, W]`` written, then read back). Anything
+    else is an error naming the variable."""
+    raw = os.environ.get(_SLOPES_ENV, "").strip() or "1"
+    if raw not in ("0", "1"):
+        raise ValueError(f"environment variable {_SLOPES_ENV} must be 0 or 1, got {raw!r}")
+    return raw == "1"
 
 
 def cubic_table(fn: Callable[[torch.Tensor], torch.Tensor], r_max: float, intervals: int) -> torch.Tensor:
@@ -70,3 +84,23 @@ def table_weights(table: torch.Tensor, r_max: float, d: torch.Tensor) -> torch.T
     c0, c1, c2, c3 = table.index_select(0, k.long()).unbind(1)
     w = c0 + s * (c1 + s * (c2 + s * c3))
     return torch.where((d < r_max)[:, None], w, torch.zeros((), dtype=w.dtype, device=w.device))
+
+
+def table_weights_and_slopes(table: torch.Tensor, r_max: float, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(w, dw/dd)``, each ``[n, W]``: :func:`table_weights` and its derivative in ``d`` (per Å),
+    both constants (no autograd graph), zero from ``r_max`` on. For the products'
+    ``weight_slopes`` (:class:`~flashcart.cartesian.WeightSlopes` with ``t = d``): the same first
+    derivatives as differentiating :func:`table_weights`."""
+    intervals = table.shape[0]
+    with torch.no_grad():
+        d = realized(d)
+        scale = intervals / r_max
+        x = d.clamp(max=r_max) * scale
+        k = x.floor().clamp(0, intervals - 1)
+        s = (x - k)[:, None]
+        c0, c1, c2, c3 = table.index_select(0, k.long()).unbind(1)
+        inside = (d < r_max)[:, None]
+        zero = torch.zeros((), dtype=table.dtype, device=table.device)
+        w = torch.where(inside, c0 + s * (c1 + s * (c2 + s * c3)), zero)
+        slope = torch.where(inside, (c1 + s * (2 * c2 + 3 * s * c3)) * scale, zero)
+    return w, slope

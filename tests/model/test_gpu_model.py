@@ -55,20 +55,28 @@ def test_compiled_equals_eager_on_gpu(mode):
             assert_close(out[k], eager[k], 1e-10, k)
 
 
-def test_radial_tables_on_gpu_compiled_and_eager():
+def test_radial_tables_on_gpu_compiled_and_eager(monkeypatch):
     """Tabulated radial MLPs on CUDA (flashcart.nn.radial_table): eager Triton calls with
     tables (the ATen edge features, which give the lengths) == the MLPs' results to the table's
-    accuracy, and a reduce-overhead compiled call with tables == the eager one (float64)."""
+    accuracy, a reduce-overhead compiled call with tables == the eager one, and the slopes
+    contracted in the products' backward kernels (FLASHCART_TABLE_SLOPES, the default) == autograd
+    through the table (float64)."""
+    import flashcart.nn.blocks as blocks
+
     torch._dynamo.reset()
     _, tri = _pair()
     batch = as_batch(tri, [molecule(0), crystal()]).to("cuda")
     exact = Predictor(tri)(batch, stress=True)
     tri.set_radial_tables(4096)
     assert tri.interactions[0].radial_table.is_cuda
+    monkeypatch.setattr(blocks, "_TABLE_SLOPES", True)
     eager = Predictor(tri)(batch, stress=True)
     compiled = Predictor(tri, compile=True, compile_mode="reduce-overhead")
     for _ in range(3):
         out = compiled(batch, stress=True)
+    monkeypatch.setattr(blocks, "_TABLE_SLOPES", False)
+    through_autograd = Predictor(tri)(batch, stress=True)
     for k in exact:
         assert_close(eager[k], exact[k], 1e-8, f"tables against MLPs: {k}")
         assert_close(out[k], eager[k], 1e-10, f"compiled against eager: {k}")
+        assert_close(eager[k], through_autograd[k], 1e-12, f"slopes in the kernels against autograd: {k}")

@@ -9,9 +9,10 @@ import math
 import pytest
 import torch
 
+from flashcart.cartesian import TensorProduct
 from flashcart.model import Predictor
 from flashcart.model.potential import FlashCartPotential
-from flashcart.nn.radial_table import cubic_table, table_weights
+from flashcart.nn.radial_table import cubic_table, table_weights, table_weights_and_slopes
 from flashcart.testing import TINY_MODEL, assert_close
 
 from .conftest import crystal, molecule
@@ -173,3 +174,51 @@ def test_far_lengths_give_zero_weights_and_finite_zero_gradients():
     assert bool((w[1:] == 0).all()) and bool(w[0].abs().sum() > 0)
     (g,) = torch.autograd.grad(w.sum(), d)
     assert bool(g.isfinite().all()) and bool((g[1:] == 0).all())
+
+
+def test_slopes_equal_the_tables_derivative_and_vanish_from_r_max():
+    """table_weights_and_slopes: the same values as table_weights and, as slopes, its autograd
+    derivative in the length (float64 1e-12), zero from r_max on, far lengths included."""
+    table = torch.randn(64, 4, 5, dtype=torch.float64)
+    d = torch.cat([torch.rand(50, dtype=torch.float64) * R_MAX, torch.tensor([0.0, R_MAX, 1e6], dtype=torch.float64)])
+    w, slopes = table_weights_and_slopes(table, R_MAX, d)
+    assert not w.requires_grad and not slopes.requires_grad
+    d = d.clone().requires_grad_()
+    w_ref = table_weights(table, R_MAX, d)
+    jac = torch.stack([torch.autograd.grad(w_ref[:, k].sum(), d, retain_graph=True)[0] for k in range(5)], dim=1)
+    assert_close(w, w_ref.detach(), 1e-12, "values")
+    assert_close(slopes, jac, 1e-12, "slopes")
+    assert bool((slopes[-2:] == 0).all()) and bool((w[-2:] == 0).all())
+
+
+@pytest.mark.parametrize("pairs", [True, False])
+def test_slopes_in_the_products_kernels_equal_autograd_through_the_tables(make_batch, monkeypatch, pairs):
+    """The Triton model (kernels interpreted on the CPU) with tables: each product's backward
+    contracts the weights' gradient with the tables' slopes (FLASHCART_TABLE_SLOPES, the default)
+    instead of returning it to autograd; energy, forces and stress equal autograd through the
+    tables (float64, 1e-12), eager, padded and compiled (inductor)."""
+    import flashcart.nn.blocks as blocks
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = FlashCartPotential(["H", "C", "O", "Cu"], avg_neighbors=5.0, use_triton=True, **{**TINY_MODEL, "n_hidden_feats": 4}).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    for tp in (m for m in model.modules() if isinstance(m, TensorProduct)):
+        tp.backend = "triton"  # the products' kernels (interpreted on the CPU), the rest as it is
+    model.radial_pairs = pairs
+    model.set_radial_tables(64)
+    batch = make_batch(model, [molecule(3), crystal()])
+    monkeypatch.setattr(blocks, "_TABLE_SLOPES", False)
+    reference = Predictor(model)(batch, forces=True, stress=True)
+    monkeypatch.setattr(blocks, "_TABLE_SLOPES", True)
+    calls = {
+        "eager": Predictor(model),
+        "padded": Predictor(model, pad=True, pad_atom_multiple=16, pad_edge_multiple=64),
+        "compiled": Predictor(model, compile=True, pad_atom_multiple=16, pad_edge_multiple=64),
+    }
+    for name, predictor in calls.items():
+        out = predictor(batch, forces=True, stress=True)
+        for key in reference:
+            assert_close(out[key], reference[key], 1e-12, f"{name} {key}")

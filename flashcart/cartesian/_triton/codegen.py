@@ -365,10 +365,32 @@ def _edge_grads(L, paths, indent, row: str, in2_l_max, load_w: bool) -> None:
     L.append(f"{indent}if NEED_GW:")
     L.append(f"{inner}if W_ROWS:")
     L += listed_mask(inner + _I, row)
+    L.append(f"{inner}if W_SLOPE:")
+    L += [f"{inner}{_I}pws = ws_ptr + wr * w_row", f"{inner}{_I}gdv = tl.zeros([BLOCK_F], dtype=DT)"]
     for pi, p in enumerate(paths):
         L += [inner + s for s in bilinear_lines(product_table(p.l1, p.l2, p.l_out), f"a{p.l1}_", f"b{p.l2}_", f"t{pi}_", _lit)]
         L.append(f"{inner}gwv{pi} = " + " + ".join(f"gop{pi}_{c} * t{pi}_{c}" for c in range(2 * p.l_out + 1)))
-        L += weight_grad_out(inner, "gw_ptr", row, "gw_row", pi, f"gwv{pi}")
+        L.append(f"{inner}if W_SLOPE:")
+        L.append(f"{inner}{_I}" + _load(f"ws{pi}", "pws", f"{pi} * F", "f"))
+        L.append(f"{inner}{_I}gdv += gwv{pi} * ws{pi}")
+        L.append(f"{inner}else:")
+        L += weight_grad_out(inner + _I, "gw_ptr", row, "gw_row", pi, f"gwv{pi}")
+    L += slope_grad_out(inner, row)
+
+
+def slope_grad_out(indent: str, row: str) -> list[str]:
+    """Lines writing ``W_SLOPE``'s result, the channel sum of ``gdv`` (``sum_p gw_p * dw_p/dt``
+    per channel): with ``W_ROWS`` added (atomically, listed edges only) into the zeroed scalar of
+    the edge's weight row ``wr``, else stored as edge ``{row}``'s scalar. A row sums at most two
+    edges into zero, so the result does not depend on their order."""
+    II = indent + _I
+    return [
+        f"{indent}if W_SLOPE:",
+        f"{II}if W_ROWS:",
+        f'{II}{_I}tl.atomic_add(gw_ptr + wr, tl.sum(tl.where(lwm, gdv, 0.0), axis=0), sem="relaxed")',
+        f"{II}else:",
+        f"{II}{_I}tl.store(gw_ptr + {row}, tl.sum(tl.where(fm, gdv, 0.0), axis=0))",
+    ]
 
 
 def _grad_block(paths, attr, indent, ptr, vjp, l_max, reduce_flag=None, load_w=True) -> list[str]:

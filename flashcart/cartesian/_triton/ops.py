@@ -31,6 +31,7 @@ from .._frozen import frozen_derived, parameters_of
 from .._layout import edge_csr
 from .._linear_spec import BWD_W, BWD_X, COLUMN, FWD, N_COLS, launch_rows, linear_spec, n_tiles
 from .._weight_rows import listed_edges
+from .._weight_slopes import apply_weight_slopes
 from . import common as _common
 from .common import DT as _DT
 from .common import block_f as _block_f
@@ -113,6 +114,13 @@ def tp_fwd(
     wrows: Optional[Tensor],
     key: str,
 ) -> Tensor:
+    return _tp_fwd_impl(x1, x2, w, rowptr, senders, widx, key)
+
+
+def _tp_fwd_impl(
+    x1: Tensor, x2: Tensor, w: Tensor, rowptr: Optional[Tensor], senders: Optional[Tensor], widx: Optional[Tensor], key: str
+) -> Tensor:
+    """The product's forward launch (``tp_fwd``, shared by :func:`tp_fwd` and :func:`tp_fwd_tabulated`)."""
     spec, f1, f2, F = _tp_shapes(key, x1, x2)
     conv = rowptr is not None
     rows = x1.shape[0] if conv else x2.shape[0]
@@ -178,8 +186,17 @@ def tp_bwd(
     need_x2: bool,
     need_w: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
+    return _tp_bwd_impl(go, x1, x2, w, None, receivers, senders, perm, srowptr, widx, wrows, key, need_x1, need_x2, need_w)
+
+
+def _tp_bwd_impl(go, x1, x2, w, ws, receivers, senders, perm, srowptr, widx, wrows, key, need_x1, need_x2, need_w):
+    """The product's backward launches (shared by :func:`tp_bwd` and :func:`tp_bwd_tabulated`).
+    ``ws`` given (``W_SLOPE``): ``w = w(t)`` with ``dw/dt = ws``, and the third result is the
+    gradient of ``t`` instead of ``w``'s: ``[R]`` per weight row with ``widx`` (summed in the
+    kernels, or here over each row's listed edges), else ``[rows]``."""
     spec, f1, f2, F = _tp_shapes(key, x1, x2)
     conv = receivers is not None
+    slope = ws is not None and need_w
     rows = x2.shape[0]
     go, x1, x2, w = go.contiguous(), x1.contiguous(), x2.contiguous(), w.contiguous()
     shared = w.dim() == 1
@@ -196,6 +213,9 @@ def tp_bwd(
     in_rows = _rows_in_kernel(widx)
     if not need_w:
         gw = w.new_empty(0)
+    elif slope:  # one scalar per weight row (summed by atomics) or per edge
+        ws = ws.contiguous()
+        gw = torch.zeros(w.shape[0], dtype=dt, device=dev) if in_rows else torch.empty(rows, dtype=dt, device=dev)
     elif in_rows:  # each listed edge's gradient is added into its row
         gw = torch.zeros(w.shape[0], spec.n_paths * F, dtype=dt, device=dev)
     else:
@@ -209,6 +229,7 @@ def tp_bwd(
             x1,
             x2,
             w,
+            ws if slope else None,
             widx,
             wrows if in_rows else None,
             g1,
@@ -227,7 +248,7 @@ def tp_bwd(
         )
     elif not guard_or_false(rows == 0) and F and (need_x2 or need_w or (need_x1 and not conv)):
         unused = go  # any tensor: pointer arguments the kernel does not read (their NEED_*/CONV flag is off)
-        eblock = _next_pow2(F) if reduce_g2 else block
+        eblock = _next_pow2(F) if reduce_g2 or slope else block  # one program for every channel
         TP_BWD_EDGE.launch(
             mod,
             (rows, _cdiv(F, eblock)),
@@ -236,6 +257,7 @@ def tp_bwd(
             x1_ptr=x1,
             x2_ptr=x2,
             w_ptr=w,
+            ws_ptr=ws if slope else unused,
             widx_ptr=widx if widx is not None else unused,
             wrows_ptr=wrows if in_rows else unused,
             g1_ptr=g1 if need_x1 and not conv else unused,
@@ -249,7 +271,7 @@ def tp_bwd(
             w_row=w_row,
             g1_row=g1.shape[-1] if need_x1 else 0,
             g2_row=g2.shape[-1] if need_x2 else 0,
-            gw_row=gw.shape[-1] if need_w else 0,
+            gw_row=0 if slope or not need_w else gw.shape[-1],
             F1S=int(f1 != 1),
             F2S=int(f2 != 1),
             F1C=f1,
@@ -258,6 +280,7 @@ def tp_bwd(
             CONV=conv,
             W_INDEX=widx is not None,
             W_ROWS=in_rows,
+            W_SLOPE=slope,
             NEED_G1=need_x1 and not conv,
             NEED_G2=need_x2,
             NEED_GW=need_w,
@@ -297,19 +320,25 @@ def tp_bwd(
         g1 = _reduce_channels(_sum_splits(g1, splits), spec.in1_comps, f1)
     if need_x2 and not reduce_g2:
         g2 = _reduce_channels(g2, spec.in2_comps, f2)
+    if slope and widx is not None and not in_rows:  # per edge: each row sums the edges it lists
+        gw = torch.zeros(w.shape[0], dtype=dt, device=dev).index_add_(0, widx, torch.where(listed_edges(wrows, widx), gw, 0))
     if need_w and shared:
         gw = gw.sum(0)
     return g1, g2, gw
 
 
-def _bwd_csr(mod, go, x1, x2, w, widx, wrows, g1, g2, gw, receivers, perm, srowptr, f1, f2, F, need_x2, need_w, reduce_g2, splits) -> None:
+def _bwd_csr(
+    mod, go, x1, x2, w, ws, widx, wrows, g1, g2, gw, receivers, perm, srowptr, f1, f2, F, need_x2, need_w, reduce_g2, splits
+) -> None:
     """Launch ``tp_bwd_csr``: ``splits`` programs per sender (and channel block; a single block
-    covering every channel when input 2's gradient is summed over channels in-kernel), input 1's
-    gradient as partial sums in ``g1 [splits * nodes, ...]``; ``wrows`` given: the weight
-    gradient is summed into rows (``W_ROWS``)."""
+    covering every channel when input 2's gradient is summed over channels in-kernel, or with
+    ``ws``), input 1's gradient as partial sums in ``g1 [splits * nodes, ...]``; ``wrows`` given:
+    the weight gradient is summed into rows (``W_ROWS``); ``ws`` given: the gradient of the
+    weights' variable instead (``W_SLOPE``)."""
     if guard_or_false(x1.shape[0] == 0):
         return
-    block = _next_pow2(F) if reduce_g2 else _block_f(F)[0]
+    slope = ws is not None and need_w
+    block = _next_pow2(F) if reduce_g2 or slope else _block_f(F)[0]
     unused = go  # pointer arguments the kernel does not read (their NEED_* flag is off)
     TP_BWD_CSR.launch(
         mod,
@@ -319,6 +348,7 @@ def _bwd_csr(mod, go, x1, x2, w, widx, wrows, g1, g2, gw, receivers, perm, srowp
         x1_ptr=x1,
         x2_ptr=x2,
         w_ptr=w,
+        ws_ptr=ws if slope else unused,
         widx_ptr=widx if widx is not None else unused,
         wrows_ptr=wrows if wrows is not None else unused,
         g1_ptr=g1,
@@ -333,7 +363,7 @@ def _bwd_csr(mod, go, x1, x2, w, widx, wrows, g1, g2, gw, receivers, perm, srowp
         w_row=w.shape[1],
         g1_row=g1.shape[1],
         g2_row=g2.shape[-1] if need_x2 else 0,
-        gw_row=gw.shape[-1] if need_w else 0,
+        gw_row=0 if slope or not need_w else gw.shape[-1],
         F1S=int(f1 != 1),
         F2S=int(f2 != 1),
         F1C=f1,
@@ -341,6 +371,7 @@ def _bwd_csr(mod, go, x1, x2, w, widx, wrows, g1, g2, gw, receivers, perm, srowp
         F=F,
         W_INDEX=widx is not None,
         W_ROWS=wrows is not None,
+        W_SLOPE=slope,
         NEED_G2=need_x2,
         NEED_GW=need_w,
         REDUCE_G2=reduce_g2,
@@ -515,15 +546,135 @@ def _tp_bwd_backward(ctx, gg1, gg2, ggw):
 tp_bwd.register_autograd(_tp_bwd_backward, setup_context=_tp_bwd_setup)
 
 
-def tensor_product(
-    tp, x1: Tensor, x2: Tensor, w: Tensor, receivers: Optional[Tensor], senders: Optional[Tensor], csr=None, weight_rows=None
+# ---------------------------------------------------------------------------------------
+# weights that are a function of one variable per row (tabulated radial MLPs)
+# ---------------------------------------------------------------------------------------
+# ``w = w(t)`` per weight row, with the values ``w`` and slopes ``ws = dw/dt`` given as constants:
+# the forward is ``tp_fwd``'s; the backward contracts each edge's weight gradient with ``ws`` in
+# the kernels (``W_SLOPE``) and returns ``t``'s gradient, so the weights' gradient ``[R, W]`` is
+# never written, zeroed or read back. First derivatives only: the slopes' own derivative is not
+# given, so a second derivative through ``t`` is refused.
+
+
+@kernel_op("flashcart::tp_fwd_tabulated")
+def tp_fwd_tabulated(
+    x1: Tensor,
+    x2: Tensor,
+    t: Tensor,
+    w: Tensor,
+    ws: Tensor,
+    receivers: Optional[Tensor],
+    senders: Optional[Tensor],
+    rowptr: Optional[Tensor],
+    perm: Optional[Tensor],
+    srowptr: Optional[Tensor],
+    widx: Optional[Tensor],
+    wrows: Optional[Tensor],
+    key: str,
 ) -> Tensor:
-    """Triton path of :class:`~flashcart.cartesian.TensorProduct` (shapes checked by the caller)."""
+    return _tp_fwd_impl(x1, x2, w, rowptr, senders, widx, key)
+
+
+@tp_fwd_tabulated.register_fake
+def _(x1, x2, t, w, ws, receivers, senders, rowptr, perm, srowptr, widx, wrows, key):
+    spec, _, _, F = _tp_shapes(key, x1, x2)
+    return x2.new_empty(x1.shape[0], spec.n_out_blocks * F)
+
+
+@kernel_op("flashcart::tp_bwd_tabulated")
+def tp_bwd_tabulated(
+    go: Tensor,
+    x1: Tensor,
+    x2: Tensor,
+    w: Tensor,
+    ws: Tensor,
+    receivers: Optional[Tensor],
+    senders: Optional[Tensor],
+    rowptr: Optional[Tensor],
+    perm: Optional[Tensor],
+    srowptr: Optional[Tensor],
+    widx: Optional[Tensor],
+    wrows: Optional[Tensor],
+    key: str,
+    need_x1: bool,
+    need_x2: bool,
+    need_t: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    return _tp_bwd_impl(go, x1, x2, w, ws, receivers, senders, perm, srowptr, widx, wrows, key, need_x1, need_x2, need_t)
+
+
+@tp_bwd_tabulated.register_fake
+def _(go, x1, x2, w, ws, receivers, senders, rowptr, perm, srowptr, widx, wrows, key, need_x1, need_x2, need_t):
+    return (
+        x1.new_empty(x1.shape) if need_x1 else x1.new_empty(0),
+        x2.new_empty(x2.shape) if need_x2 else x2.new_empty(0),
+        w.new_empty(w.shape[0] if widx is not None else x2.shape[0]) if need_t else w.new_empty(0),
+    )
+
+
+def _tab_setup(ctx, inputs, output):
+    x1, x2, t, w, ws, *graph, key = inputs
+    ctx.key = key
+    ctx.save_for_backward(x1, x2, w, ws, *graph)
+
+
+def _tab_backward(ctx, go):
+    x1, x2, w, ws, *graph = ctx.saved_tensors
+    need = _engine_needs(ctx, 3)  # x1, x2, t
+    grads = [None] * (6 + _GRAPH)
+    if any(need):
+        g1, g2, gt = tp_bwd_tabulated(go, x1, x2, w, ws, *graph, ctx.key, need[0], need[1], need[2])
+        grads[:3] = [g1 if need[0] else None, g2 if need[1] else None, gt if need[2] else None]
+    return tuple(grads)
+
+
+def _tab_bwd_setup(ctx, inputs, output):
+    pass
+
+
+def _tab_bwd_backward(ctx, *grads):
+    raise RuntimeError(
+        "second derivatives through tabulated weights (tp_fwd_tabulated: radial tables, "
+        "FlashCartPotential.set_radial_tables) are not available: tables give energies, forces and stress; "
+        "drop the tables (set_radial_tables(None)) for higher derivatives"
+    )
+
+
+tp_fwd_tabulated.register_autograd(_tab_backward, setup_context=_tab_setup)
+tp_bwd_tabulated.register_autograd(_tab_bwd_backward, setup_context=_tab_bwd_setup)
+
+
+# One program covers every channel of an edge when the backward contracts the weights' gradient
+# with their slopes (W_SLOPE): up to this many channels, else the slopes are applied by autograd.
+TABULATED_MAX_CHANNELS = 256
+
+
+def tensor_product(
+    tp,
+    x1: Tensor,
+    x2: Tensor,
+    w: Tensor,
+    receivers: Optional[Tensor],
+    senders: Optional[Tensor],
+    csr=None,
+    weight_rows=None,
+    weight_slopes=None,
+) -> Tensor:
+    """Triton path of :class:`~flashcart.cartesian.TensorProduct` (shapes checked by the caller).
+    ``weight_slopes = (ws, t)``: the weights are a function ``w(t)`` of one variable per row with
+    slopes ``ws`` (:class:`~flashcart.cartesian.WeightSlopes`); convolutions contract the weights'
+    gradient with the slopes in the backward kernels (``tp_fwd_tabulated``)."""
     key = product_key(tp.in1_l_max, tp.in2_l_max, tp.out_l_max, tp.symmetric, tp.reduce_paths)
+    fused_slopes = weight_slopes is not None and receivers is not None and tp.out_features <= TABULATED_MAX_CHANNELS
+    if weight_slopes is not None and not fused_slopes:
+        w = apply_weight_slopes(w, weight_slopes)
     if receivers is None:
         return tp_fwd(x1, x2, w, None, None, None, None, None, None, None, key)
     rowptr, perm, srowptr = csr if csr is not None else edge_csr(receivers, senders, x1.shape[0])
     widx, wrows = weight_rows if weight_rows is not None else (None, None)
+    if fused_slopes:
+        ws, t = weight_slopes
+        return tp_fwd_tabulated(x1, x2, t, w, ws, receivers, senders, rowptr, perm, srowptr, widx, wrows, key)
     return tp_fwd(x1, x2, w, receivers, senders, rowptr, perm, srowptr, widx, wrows, key)
 
 
@@ -1038,6 +1189,8 @@ def _dispatching(name: str, op, setup, backward):
 tp_fwd = _dispatching("tp_fwd", tp_fwd, _tp_setup, _tp_backward)
 weight_rows_sum = _dispatching("weight_rows_sum", weight_rows_sum, _rows_sum_setup, _rows_sum_backward)
 tp_bwd = _dispatching("tp_bwd", tp_bwd, _tp_bwd_setup, _tp_bwd_backward)
+tp_fwd_tabulated = _dispatching("tp_fwd_tabulated", tp_fwd_tabulated, _tab_setup, _tab_backward)
+tp_bwd_tabulated = _dispatching("tp_bwd_tabulated", tp_bwd_tabulated, _tab_bwd_setup, _tab_bwd_backward)
 
 
 def tp_dbwd(*args):

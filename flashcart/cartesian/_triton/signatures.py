@@ -97,6 +97,11 @@ def traceable(kernel: Any, probe: Any) -> Any:
 # zeroed row; without it the weight gradient stays per edge/row (the caller sums the edges of
 # each row, see ops.weight_rows_sum). In the fused double backward W_ROWS also reads ggw per
 # weight row (zero for an edge its row does not list).
+# W_SLOPE (tp_bwd_edge, tp_bwd_csr, with NEED_GW): the weights are a function of one variable t per
+# weight row, w = w(t), whose derivative dw/dt is read from ws_ptr (laid out as w); instead of the
+# weights' gradient the kernel writes the gradient of t, sum_p,f gw * dw/dt, one scalar per edge
+# into gw_ptr ([rows]), or with W_ROWS added atomically per weight row ([R], zeroed). One program
+# then covers every channel (the sum is over channels).
 # PIPELINE (tp_fwd): load the next edge's operands before computing the current edge's messages.
 # PREFETCH (the sender walks tp_bwd_x1_csr, tp_bwd_csr, tp_dbwd_x1_csr; the fused double backward's
 # receiver walk tp_dbwd_row): each step loads the indices of the edges after it (perm, recv; send),
@@ -128,13 +133,13 @@ TP_FWD = KernelSignature(
     constexprs=("CONV", "W_INDEX", "PIPELINE", "SPLITS", "BLOCK_F", "DT"),
 )
 # The backward's tensors and their row strides, then the channel arguments (tp_bwd_edge, tp_bwd_csr).
-_BWD_TENSORS = ("go_ptr", "x1_ptr", "x2_ptr", "w_ptr", "widx_ptr", "wrows_ptr", "g1_ptr", "g2_ptr", "gw_ptr")
+_BWD_TENSORS = ("go_ptr", "x1_ptr", "x2_ptr", "w_ptr", "ws_ptr", "widx_ptr", "wrows_ptr", "g1_ptr", "g2_ptr", "gw_ptr")
 _BWD_ROWS = ("go_row", "x1_row", "x2_row", "w_row", "g1_row", "g2_row", "gw_row")
 _CHANNELS = ("F1S", "F2S", "F1C", "F2C", "F")
 TP_BWD_EDGE = KernelSignature(
     "tp_bwd_edge",
     args=(*_BWD_TENSORS, "recv_ptr", "send_ptr", *_BWD_ROWS, *_CHANNELS),
-    constexprs=("CONV", "W_INDEX", "W_ROWS", "NEED_G1", "NEED_G2", "NEED_GW", "REDUCE_G2", "BLOCK_F", "DT"),
+    constexprs=("CONV", "W_INDEX", "W_ROWS", "W_SLOPE", "NEED_G1", "NEED_G2", "NEED_GW", "REDUCE_G2", "BLOCK_F", "DT"),
 )
 TP_BWD_X1_CSR = KernelSignature(
     "tp_bwd_x1_csr",
@@ -163,7 +168,7 @@ TP_BWD_X1_CSR = KernelSignature(
 TP_BWD_CSR = KernelSignature(
     "tp_bwd_csr",
     args=(*_BWD_TENSORS, "srowptr_ptr", "perm_ptr", "recv_ptr", *_BWD_ROWS, *_CHANNELS),
-    constexprs=("W_INDEX", "W_ROWS", "NEED_G2", "NEED_GW", "REDUCE_G2", "PREFETCH", "SPLITS", "BLOCK_F", "DT"),
+    constexprs=("W_INDEX", "W_ROWS", "W_SLOPE", "NEED_G2", "NEED_GW", "REDUCE_G2", "PREFETCH", "SPLITS", "BLOCK_F", "DT"),
 )
 
 # Fused double backward (codegen_double.generate_double_backward_source, its own module per
