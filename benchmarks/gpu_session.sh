@@ -1117,7 +1117,7 @@ slopes)
   # the tables' slopes contracted in the products' backward kernels (W_SLOPE, FLASHCART_TABLE_SLOPES): GPU parity
   # (float64 1e-12 against autograd through the slopes, every call path; the model with tables, compiled and eager),
   # then the profiler's reduce-overhead force call with 4096-interval tables, slopes 1 and 0, a process each (about 8 minutes)
-  gpu_tests 0 "tests/cartesian/test_weight_slopes.py tests/model/test_gpu_model.py::test_radial_tables_on_gpu_compiled_and_eager:250" \
+  gpu_tests 0 "tests/cartesian/test_weight_slopes.py tests/cartesian/test_triton_parity.py::test_expansion_parity tests/model/test_gpu_model.py::test_radial_tables_on_gpu_compiled_and_eager:250" \
     > "$out/tests.log" 2>&1
   for v in 1 0; do
     echo "FLASHCART_TABLE_SLOPES=$v"; (export FLASHCART_TABLE_SLOPES=$v; profile_run S reduce-overhead inference 110 profile_radial_table=4096)

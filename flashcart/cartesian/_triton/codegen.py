@@ -570,11 +570,15 @@ def generate_expansion_source(l_max: int) -> str:
         f"{I}uz = tl.load(u_ptr + r64 * 3 + 2, mask=rm, other=0.0)",
     ]
     comps = [(l, p) for l in range(l_max + 1) for p in range(2 * l + 1)]
-    # forward
+    # forward: the components gathered into one [BLOCK, 2^k] tile, stored row by row (one
+    # coalesced store, instead of one store per component at a stride of `width` elements)
+    padded = 1 << (width - 1).bit_length()
     L += EXPANSION_FWD.header(_I) + head
+    L += [f"{I}cols = tl.arange(0, {padded})[None, :]", f"{I}tile = tl.zeros([BLOCK, {padded}], dtype=DT)"]
     for k, (l, p) in enumerate(comps):
         value = "tl.full([BLOCK], 1.0, dtype=DT)" if l == 0 else _poly(expansion_table(l)[p])
-        L.append(f"{I}tl.store(out_ptr + r64 * {width} + {k}, {value}, mask=rm)")
+        L.append(f"{I}tile = tl.where(cols == {k}, ({value})[:, None], tile)")
+    L.append(f"{I}tl.store(out_ptr + r64[:, None] * {width} + cols, tile, mask=rm[:, None] & (cols < {width}))")
     L.append("")
     # vjp: grad_u[k] = sum_p g_p dT_p/du_k
     L += EXPANSION_VJP.header(_I) + head

@@ -636,7 +636,8 @@ def _tab_bwd_backward(ctx, *grads):
     raise RuntimeError(
         "second derivatives through tabulated weights (tp_fwd_tabulated: radial tables, "
         "FlashCartPotential.set_radial_tables) are not available: tables give energies, forces and stress; "
-        "drop the tables (set_radial_tables(None)) for higher derivatives"
+        "for higher derivatives drop the tables (set_radial_tables(None)) or differentiate through them with autograd "
+        "(FLASHCART_TABLE_SLOPES=0)"
     )
 
 
