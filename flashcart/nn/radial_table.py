@@ -23,6 +23,13 @@ error over 200,000 random lengths, relative to the largest ``|w|`` and ``|w'|``)
   1.2-2.1e-6.
 - ``K = 4096``, float64: 2e-12 and 1.4e-9.
 
+:func:`table_weights_and_slopes` gives the same weights and their derivatives in ``d`` as
+constants. Interactions pass both to the products (:class:`~flashcart.cartesian.WeightSlopes`),
+whose Triton backward contracts each edge's weight gradient with the slopes in its kernels and
+returns each pair's length gradient: the weights' gradient ``[P, W]`` is never written. The
+first derivatives are the same; ``FLASHCART_TABLE_SLOPES=0`` (:func:`table_slopes_enabled`)
+differentiates :func:`table_weights` with autograd instead, which also gives second derivatives.
+
 Inference only. The MLPs get no gradient through a table, and a table is stale once they change
 (:meth:`FlashCartPotential.set_radial_tables <flashcart.model.FlashCartPotential.set_radial_tables>`
 rebuilds them).

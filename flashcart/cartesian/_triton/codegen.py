@@ -16,6 +16,10 @@ symmetry, path reduction) holds three kernels:
   input 2 and the weights. Each edge's output cotangent, input 2 and weights are read once, and
   the sender's row of input 1 once for all its edges, instead of twice and once per edge.
 
+With ``W_SLOPE`` the two kernels that produce the weights' gradient contract it instead with the
+weights' slopes ``dw/dt`` (weights that are a function of one variable per row, such as tabulated
+radial MLPs) and write one scalar per edge or weight row, the gradient of ``t``.
+
 Parameter lists come from ``signatures`` (shared with the launcher in ``ops.py``, which passes
 every argument by name). Inputs with one channel are broadcast by a zero channel stride; gradients are produced
 per channel and reduced by the caller. The double backward is composed of these kernels
