@@ -1123,6 +1123,16 @@ slopes)
     echo "FLASHCART_TABLE_SLOPES=$v"; (export FLASHCART_TABLE_SLOPES=$v; profile_run S reduce-overhead inference 110 profile_radial_table=4096)
   done > "$out/profile_slopes.log" 2>&1
   ;;
+slopesquick)
+  # part slopes in less device time: the model's GPU test with tables (slopes against autograd, compiled and eager), the
+  # expansion's parity and the slope kernels' parity at 20 channels, then the A/B (about 6 minutes)
+  CUDA_VISIBLE_DEVICES=0 timeout -s INT -k 20 200 python3 -m pytest -q -m gpu -p no:cacheprovider -p no:logging --tb=short -rfE \
+    tests/model/test_gpu_model.py::test_radial_tables_on_gpu_compiled_and_eager tests/cartesian/test_triton_parity.py::test_expansion_parity \
+    tests/cartesian/test_weight_slopes.py -k "radial_tables or expansion or (20 and (per or rows)) or unlisted" > "$out/tests.log" 2>&1
+  for v in 1 0; do
+    echo "FLASHCART_TABLE_SLOPES=$v"; (export FLASHCART_TABLE_SLOPES=$v; profile_run S reduce-overhead inference 110 profile_radial_table=4096)
+  done > "$out/profile_slopes.log" 2>&1
+  ;;
 *)
   echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, pathgroups, splitsauto, splitsautotrain, splitsparity, prefetch, prefetch2, geomdump, eagercache, rowwise, eagernext, eagersync, rmsforms, edges or ddp)"; exit 2
   ;;
