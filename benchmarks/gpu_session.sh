@@ -169,6 +169,9 @@
 #            step beside the force call, the eager force call, all after the layout and the fusion barrier (about 7 minutes)
 #   slopes   one GPU: the tables' slopes in the products' backward kernels: GPU parity, then the profiler's reduce-overhead
 #            force call with tables, FLASHCART_TABLE_SLOPES 1 and 0 (about 8 minutes)
+#   slopesquick part slopes in less device time (SLOPES_TESTS_ONLY=1: the tests alone)
+#   slopesnext one GPU (an H200 if one comes): the profiler's force call with tables and slopes and with the MLPs, the
+#            trainer's step, the kernel list with tables (about 9 minutes)
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -1122,6 +1125,15 @@ slopes)
   for v in 1 0; do
     echo "FLASHCART_TABLE_SLOPES=$v"; (export FLASHCART_TABLE_SLOPES=$v; profile_run S reduce-overhead inference 110 profile_radial_table=4096)
   done > "$out/profile_slopes.log" 2>&1
+  ;;
+slopesnext)
+  # next session (an H200 if one comes): the profiler's reduce-overhead force call with tables (slopes on, the default) and
+  # with the MLPs, the trainer's step beside the force call, the kernel list with tables and slopes (about 9 minutes)
+  for k in 4096 0; do profile_run S reduce-overhead inference 110 profile_radial_table=$k; done > "$out/profile_compiled.log" 2>&1
+  timeout 200 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond --calls reduce-overhead \
+    --training --setting pair --rounds 7 --calls-per-round 20 > "$out/calls_training.log" 2>&1
+  timeout 150 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases inference --compile-mode default \
+    --repeat 5 --rows 50 --radial-table 4096 > "$out/kernels_tables.log" 2>&1
   ;;
 slopesquick)
   # part slopes in less device time: the model's GPU test with tables (slopes against autograd, compiled and eager), the

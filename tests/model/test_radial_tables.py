@@ -222,3 +222,14 @@ def test_slopes_in_the_products_kernels_equal_autograd_through_the_tables(make_b
         out = predictor(batch, forces=True, stress=True)
         for key in reference:
             assert_close(out[key], reference[key], 1e-12, f"{name} {key}")
+
+
+def test_table_slopes_setting_from_the_environment(monkeypatch):
+    from flashcart.nn.radial_table import table_slopes_enabled
+
+    for raw, expected in (("", True), ("1", True), ("0", False)):
+        monkeypatch.setenv("FLASHCART_TABLE_SLOPES", raw)
+        assert table_slopes_enabled() is expected
+    monkeypatch.setenv("FLASHCART_TABLE_SLOPES", "yes")
+    with pytest.raises(ValueError, match="FLASHCART_TABLE_SLOPES must be 0 or 1, got 'yes'"):
+        table_slopes_enabled()
