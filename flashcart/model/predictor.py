@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import types
 import warnings
 from dataclasses import dataclass, replace
@@ -30,6 +29,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
+from .._env import env_switch
 from ..data.batch import Batch
 from ..nn import edge_layout as _edge_layout
 
@@ -115,10 +115,7 @@ def inline_triton_ops() -> bool:
     took for a write of the table.) AOTInductor packages exported with the Triton kernels
     (``export_aoti(triton=True)``) always inline them: they must run without Python.
     """
-    raw = os.environ.get("FLASHCART_INLINE_TRITON_OPS", "1")
-    if raw not in ("0", "1", ""):
-        raise ValueError(f"environment variable FLASHCART_INLINE_TRITON_OPS must be 0 or 1, got {raw!r}")
-    return raw != "0"
+    return env_switch("FLASHCART_INLINE_TRITON_OPS")
 
 
 class _CompileSettings:

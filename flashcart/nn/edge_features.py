@@ -19,11 +19,11 @@ host work per operation (benchmarks/RESULTS.md, issue 14).
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
 
+from .._env import env_switch
 from ..cartesian import _frozen
 from ..cartesian._backend import resolve_backend
 from .radial import ChebyshevBasis, PolynomialEnvelope
@@ -35,10 +35,7 @@ def fused_edges_mode() -> bool:
     """``FLASHCART_FUSED_EDGES``: ``1`` (default) eager Triton calls compute the edge features with
     :mod:`flashcart.nn.edge_kernels`; ``0`` the ATen operations. Anything else is an error naming
     the variable."""
-    raw = os.environ.get("FLASHCART_FUSED_EDGES", "").strip() or "1"
-    if raw not in ("0", "1"):
-        raise ValueError(f"environment variable FLASHCART_FUSED_EDGES must be 0 or 1, got {raw!r}")
-    return raw == "1"
+    return env_switch("FLASHCART_FUSED_EDGES")
 
 
 # Read when this module is first imported; tests and benchmarks assign the attribute.

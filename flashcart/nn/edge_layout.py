@@ -25,11 +25,11 @@ a model called directly does): for A/B measurements.
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
 
+from .._env import env_switch
 from .edge_pairs import EdgePairs
 
 __all__ = ["EdgeLayout", "edge_layout_mode", "EDGE_LAYOUT"]
@@ -50,10 +50,7 @@ class EdgeLayout(NamedTuple):
 def edge_layout_mode() -> bool:
     """``FLASHCART_EDGE_LAYOUT``: ``1`` (default) the Predictor computes each neighbour list's
     :class:`EdgeLayout` once; ``0`` every call computes it."""
-    raw = os.environ.get("FLASHCART_EDGE_LAYOUT", "").strip() or "1"
-    if raw not in ("0", "1"):
-        raise ValueError(f"environment variable FLASHCART_EDGE_LAYOUT must be 0 or 1, got {raw!r}")
-    return raw == "1"
+    return env_switch("FLASHCART_EDGE_LAYOUT")
 
 
 EDGE_LAYOUT = edge_layout_mode()

@@ -37,17 +37,16 @@ rebuilds them).
 
 from __future__ import annotations
 
-import os
 from typing import Callable
 
 import torch
 
+from .._env import env_switch
 from .fusion_barrier import realized
 
 __all__ = ["cubic_table", "table_weights", "table_weights_and_slopes", "table_slopes_enabled", "MIN_INTERVALS"]
 
 MIN_INTERVALS = 16
-_SLOPES_ENV = "FLASHCART_TABLE_SLOPES"
 
 
 def table_slopes_enabled() -> bool:
@@ -56,10 +55,7 @@ def table_slopes_enabled() -> bool:
     the products' backward contracts the two per edge), or as a function autograd differentiates
     (:func:`table_weights`: the weights' gradient ``[P, W]`` written, then read back). Anything
     else is an error naming the variable."""
-    raw = os.environ.get(_SLOPES_ENV, "").strip() or "1"
-    if raw not in ("0", "1"):
-        raise ValueError(f"environment variable {_SLOPES_ENV} must be 0 or 1, got {raw!r}")
-    return raw == "1"
+    return env_switch("FLASHCART_TABLE_SLOPES")
 
 
 def cubic_table(fn: Callable[[torch.Tensor], torch.Tensor], r_max: float, intervals: int) -> torch.Tensor:
@@ -78,19 +74,24 @@ def cubic_table(fn: Callable[[torch.Tensor], torch.Tensor], r_max: float, interv
     return torch.stack([y0, m0, 3 * (y1 - y0) - 2 * m0 - m1, 2 * (y0 - y1) + m0 + m1], dim=1)
 
 
+def _intervals(table: torch.Tensor, r_max: float, d: torch.Tensor):
+    """Each length's place in ``table``: ``(s [n, 1], (c0, c1, c2, c3) [n, W] each, inside [n, 1])``,
+    ``s`` differentiable in ``d`` (``d / h - k``), ``inside`` where ``d < r_max``. Lengths from
+    ``r_max`` on (padding edges: ``2 r_max``) evaluate the last interval's end, to be masked: no
+    cubic of a far length, whose powers could overflow into the masked gradient."""
+    intervals = table.shape[0]
+    d = realized(d)  # compiled calls: stored once, not recomputed for each of the W weights
+    x = d.clamp(max=r_max) * (intervals / r_max)
+    k = x.detach().floor().clamp(0, intervals - 1)
+    return (x - k)[:, None], table.index_select(0, k.long()).unbind(1), (d < r_max)[:, None]
+
+
 def table_weights(table: torch.Tensor, r_max: float, d: torch.Tensor) -> torch.Tensor:
     """``[n, W]``: the tabulated function at lengths ``d`` ``[n]`` (Å), zero from ``r_max`` on,
     differentiable in ``d``. ``table``: :func:`cubic_table`'s, in ``d``'s dtype."""
-    intervals = table.shape[0]
-    d = realized(d)  # compiled calls: stored once, not recomputed for each of the W weights
-    # lengths from r_max on (padding edges: 2 r_max) evaluate the last interval's end, then
-    # masked: no cubic of a far length, whose powers could overflow into the masked gradient
-    x = d.clamp(max=r_max) * (intervals / r_max)
-    k = x.detach().floor().clamp(0, intervals - 1)
-    s = (x - k)[:, None]
-    c0, c1, c2, c3 = table.index_select(0, k.long()).unbind(1)
+    s, (c0, c1, c2, c3), inside = _intervals(table, r_max, d)
     w = c0 + s * (c1 + s * (c2 + s * c3))
-    return torch.where((d < r_max)[:, None], w, torch.zeros((), dtype=w.dtype, device=w.device))
+    return torch.where(inside, w, torch.zeros((), dtype=w.dtype, device=w.device))
 
 
 def table_weights_and_slopes(table: torch.Tensor, r_max: float, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,16 +99,9 @@ def table_weights_and_slopes(table: torch.Tensor, r_max: float, d: torch.Tensor)
     both constants (no autograd graph), zero from ``r_max`` on. For the products'
     ``weight_slopes`` (:class:`~flashcart.cartesian.WeightSlopes` with ``t = d``): the same first
     derivatives as differentiating :func:`table_weights`."""
-    intervals = table.shape[0]
     with torch.no_grad():
-        d = realized(d)
-        scale = intervals / r_max
-        x = d.clamp(max=r_max) * scale
-        k = x.floor().clamp(0, intervals - 1)
-        s = (x - k)[:, None]
-        c0, c1, c2, c3 = table.index_select(0, k.long()).unbind(1)
-        inside = (d < r_max)[:, None]
+        s, (c0, c1, c2, c3), inside = _intervals(table, r_max, d)
         zero = torch.zeros((), dtype=table.dtype, device=table.device)
         w = torch.where(inside, c0 + s * (c1 + s * (c2 + s * c3)), zero)
-        slope = torch.where(inside, (c1 + s * (2 * c2 + 3 * s * c3)) * scale, zero)
+        slope = torch.where(inside, (c1 + s * (2 * c2 + 3 * s * c3)) * (table.shape[0] / r_max), zero)
     return w, slope

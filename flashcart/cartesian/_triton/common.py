@@ -8,6 +8,7 @@ import torch
 import triton.language as tl
 from torch import Tensor
 
+from ..._env import env_switch
 from .source import ProductSpec, product_spec
 
 __all__ = [
@@ -105,13 +106,8 @@ def reduce_channels(g: Tensor, comps: int, n_channels: int) -> Tensor:
     return g.view(g.shape[0], comps, -1).sum(-1)
 
 
-def switch_mode(variable: str, default: bool = True) -> bool:
-    """An on/off kernel switch from the environment: ``0``, ``1`` or unset (``default``);
-    anything else is an error naming the variable."""
-    raw = os.environ.get(variable, "").strip() or ("1" if default else "0")
-    if raw not in ("0", "1"):
-        raise ValueError(f"environment variable {variable} must be 0 or 1, got {raw!r}")
-    return raw == "1"
+# An on/off kernel switch from the environment (0, 1 or unset: the default; else an error naming it).
+switch_mode = env_switch
 
 
 PREFETCH_MODES = ("0", "1", "auto")
