@@ -172,6 +172,9 @@
 #   slopesquick part slopes in less device time (SLOPES_TESTS_ONLY=1: the tests alone)
 #   slopesnext one GPU (an H200 if one comes): the profiler's force call with tables and slopes and with the MLPs, the
 #            trainer's step, the kernel list with tables (about 9 minutes)
+#   tablekernel one GPU: the products evaluating the radial tables in their kernels (FLASHCART_TABLE_KERNEL): GPU
+#            parity, the profiler's reduce-overhead force call with 4096-interval tables, kernel 1 and 0 (a process each),
+#            then the compiled call's kernel list with the table in the kernels (about 9.5 minutes)
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -1134,6 +1137,15 @@ slopesnext)
     --training --setting pair --rounds 7 --calls-per-round 20 > "$out/calls_training.log" 2>&1
   timeout 150 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases inference --compile-mode default \
     --repeat 5 --rows 50 --radial-table 4096 > "$out/kernels_tables.log" 2>&1
+  ;;
+tablekernel)
+  gpu_tests 0 "tests/cartesian/test_weight_table.py tests/model/test_gpu_model.py::test_radial_tables_on_gpu_compiled_and_eager:200" \
+    > "$out/tests.log" 2>&1
+  for v in 1 0; do
+    echo "FLASHCART_TABLE_KERNEL=$v"; (export FLASHCART_TABLE_KERNEL=$v; profile_run S reduce-overhead inference 110 profile_radial_table=4096)
+  done > "$out/profile_tablekernel.log" 2>&1
+  timeout 130 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases inference --compile-mode default \
+    --repeat 5 --rows 40 --radial-table 4096 > "$out/kernels_tables.log" 2>&1
   ;;
 slopesquick)
   # part slopes in less device time: the model's GPU test with tables (slopes against autograd, compiled and eager), the

@@ -10,7 +10,7 @@ from ._full import from_full, rotate, rotation_matrix_stored, to_full
 from ._paths import Path, enumerate_paths, path_normalization
 from .expansion import DirectionExpansion
 from .linear import EquivariantLinear
-from .tensor_product import TensorProduct, WeightRows, WeightSlopes, edge_csr
+from .tensor_product import TensorProduct, WeightRows, WeightSlopes, WeightTable, edge_csr
 
 __all__ = [
     "KERNEL_L_MAX",
@@ -20,6 +20,7 @@ __all__ = [
     "TensorProduct",
     "WeightRows",
     "WeightSlopes",
+    "WeightTable",
     "edge_csr",
     "enumerate_paths",
     "from_full",

@@ -12,8 +12,10 @@ from ._layout import edge_csr, layout_width, split_ranks
 from ._paths import Path, enumerate_paths
 from ._weight_rows import WeightRows, gather_weight_rows
 from ._weight_slopes import WeightSlopes, apply_weight_slopes
+from ._weight_table import WeightTable
+from ._weight_table import evaluate as evaluate_weight_table
 
-__all__ = ["TensorProduct", "WeightRows", "WeightSlopes", "edge_csr", "DENSE_DEVICES"]
+__all__ = ["TensorProduct", "WeightRows", "WeightSlopes", "WeightTable", "edge_csr", "DENSE_DEVICES"]
 
 # Device types on which the PyTorch backend contracts dense couplings (TensorProduct._rows_dense)
 # instead of running the generated straight-line code per path (TensorProduct._rows): an i2c3f20l2r force call has
@@ -55,6 +57,9 @@ class TensorProduct(torch.nn.Module):
       variable per row and the gradient goes to ``t``; the Triton backward then contracts the
       weights' gradient with the slopes per edge instead of writing it (see
       :mod:`._weight_slopes`).
+      ``weights`` may be a :class:`WeightTable` (per-edge or per-row weights): a cubic table of
+      one variable per row, whose weights and slopes a convolution's Triton kernels evaluate as
+      they read them (see :mod:`._weight_table`); gradients flow to its ``t``.
 
     Output layout: rank blocks ``(2L+1, n_paths_L, F)``, or ``(2L+1, F)`` with ``reduce_paths``.
     """
@@ -121,7 +126,7 @@ class TensorProduct(torch.nn.Module):
             f"reduce_paths={self.reduce_paths}, backend={self.backend!r}"
         )
 
-    def _check(self, x1, x2, weights, receivers, senders, weight_rows=None) -> bool:
+    def _check(self, x1, x2, weight_shape: tuple, receivers, senders, weight_rows=None) -> bool:
         conv = receivers is not None or senders is not None
         if conv and (receivers is None or senders is None):
             raise ValueError("convolution mode needs both receivers and senders")
@@ -135,12 +140,28 @@ class TensorProduct(torch.nn.Module):
         if x2.shape[0] != rows:
             raise ValueError(f"x2 has {x2.shape[0]} rows, expected {rows} ({'edges' if conv else 'rows of x1'})")
         if weight_rows is not None:
-            self._check_rows(weight_rows, weights, rows, conv)
+            self._check_rows(weight_rows, weight_shape, rows, conv)
             return conv
         expected = (self.weight_numel,) if self.shared_weights else (rows, self.weight_numel)
-        if tuple(weights.shape) != expected:
-            raise ValueError(f"weights must have shape {list(expected)}, got {list(weights.shape)}")
+        if weight_shape != expected:
+            raise ValueError(f"weights must have shape {list(expected)}, got {list(weight_shape)}")
         return conv
+
+    def _check_table(self, weight_table) -> tuple:
+        """The shape ``[R, W]`` of the weights ``weight_table`` (:class:`WeightTable`) stands for."""
+        table, geometry, t = weight_table
+        if self.shared_weights:
+            raise ValueError("a WeightTable gives per-edge or per-row weights, not shared ones")
+        if table.dim() != 3 or table.shape[1] != 4 or table.shape[2] != self.weight_numel or table.shape[0] < 1:
+            raise ValueError(f"WeightTable.table must have shape [intervals, 4, {self.weight_numel}], got {list(table.shape)}")
+        if geometry.shape != (2,) or geometry.dtype != table.dtype or t.dim() != 1 or t.dtype != table.dtype:
+            raise ValueError(
+                f"WeightTable.geometry must be [2] and t 1-D, both of the table's dtype {table.dtype}; "
+                f"got {geometry.dtype} {list(geometry.shape)} and {t.dtype} {list(t.shape)}"
+            )
+        if table.requires_grad or geometry.requires_grad:
+            raise ValueError("a WeightTable's table and geometry are constants (detached): gradients flow to WeightTable.t")
+        return (t.shape[0], self.weight_numel)
 
     def _check_slopes(self, weights, weight_slopes) -> None:
         slopes, t = weight_slopes
@@ -153,17 +174,17 @@ class TensorProduct(torch.nn.Module):
         if weights.requires_grad or slopes.requires_grad:
             raise ValueError("with weight_slopes the weights and slopes are constants (detached): gradients flow to weight_slopes.t")
 
-    def _check_rows(self, weight_rows, weights, rows: int, conv: bool) -> None:
+    def _check_rows(self, weight_rows, weight_shape: tuple, rows: int, conv: bool) -> None:
         if not conv or self.shared_weights:
             raise ValueError("weight_rows needs convolution mode and per-edge (not shared) weights")
         index, edges = weight_rows
-        if weights.dim() != 2 or weights.shape[1] != self.weight_numel:
-            raise ValueError(f"weights read through weight_rows must have shape [R, {self.weight_numel}], got {list(weights.shape)}")
+        if len(weight_shape) != 2 or weight_shape[1] != self.weight_numel:
+            raise ValueError(f"weights read through weight_rows must have shape [R, {self.weight_numel}], got {list(weight_shape)}")
         if index.shape != (rows,) or index.dtype != torch.int64:
             raise ValueError(f"weight_rows.index must be int64 of shape [{rows}] (one row per edge), got {index.dtype} {list(index.shape)}")
-        if edges.shape != (weights.shape[0], 2) or edges.dtype != torch.int64:
+        if edges.shape != (weight_shape[0], 2) or edges.dtype != torch.int64:
             raise ValueError(
-                f"weight_rows.edges must be int64 of shape [{weights.shape[0]}, 2] (two edges per row), "
+                f"weight_rows.edges must be int64 of shape [{weight_shape[0]}, 2] (two edges per row), "
                 f"got {edges.dtype} {list(edges.shape)}"
             )
 
@@ -171,7 +192,7 @@ class TensorProduct(torch.nn.Module):
         self,
         x1: torch.Tensor,
         x2: torch.Tensor,
-        weights: torch.Tensor,
+        weights: torch.Tensor | WeightTable,
         receivers: torch.Tensor | None = None,
         senders: torch.Tensor | None = None,
         csr: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
@@ -181,14 +202,23 @@ class TensorProduct(torch.nn.Module):
         """``weight_slopes`` (per-edge or per-row weights only): the weights are constants
         ``w(t)`` of one variable per row, ``WeightSlopes(slopes [R, W], t [R])`` their
         derivatives ``dw/dt`` and variables; gradients flow to ``t`` (to first order), not to
-        the weights (:mod:`flashcart.cartesian._weight_slopes`)."""
-        conv = self._check(x1, x2, weights, receivers, senders, weight_rows)
+        the weights (:mod:`flashcart.cartesian._weight_slopes`). ``weights`` a
+        :class:`WeightTable`: the same with the weights and slopes a cubic table's at ``t``
+        (:mod:`flashcart.cartesian._weight_table`)."""
+        if isinstance(weights, WeightTable):
+            if weight_slopes is not None:
+                raise ValueError("a WeightTable carries its own slopes: pass no weight_slopes with it")
+            conv = self._check(x1, x2, self._check_table(weights), receivers, senders, weight_rows)
+        else:
+            conv = self._check(x1, x2, tuple(weights.shape), receivers, senders, weight_rows)
         if weight_slopes is not None:
             self._check_slopes(weights, weight_slopes)
         if resolve_backend(self.backend, x1) == "triton":
             from ._triton.ops import tensor_product
 
             return tensor_product(self, x1, x2, weights, receivers, senders, csr, weight_rows, weight_slopes)
+        if isinstance(weights, WeightTable):
+            weights, weight_slopes = evaluate_weight_table(weights)
         if weight_slopes is not None:
             weights = apply_weight_slopes(weights, weight_slopes)
         if weight_rows is not None:

@@ -270,7 +270,7 @@ class FlashCartPotential(torch.nn.Module):
         """
         if not intervals:
             for interaction in self.interactions:
-                interaction.radial_table = None
+                interaction.set_radial_table(None, 0.0)
             self._radial_table_versions = None
             return
         if hasattr(self, "element_embedding"):
@@ -282,8 +282,7 @@ class FlashCartPotential(torch.nn.Module):
             like = next(interaction.radial.parameters())
             mlp = copy.deepcopy(interaction.radial).to("cpu", torch.float64)
             table = cubic_table(lambda d, mlp=mlp: mlp(self.basis(d) * self.envelope(d)[:, None]), self.r_max, int(intervals))
-            interaction.radial_table = table.to(device=like.device, dtype=like.dtype)
-            interaction.radial_table_r_max = self.r_max
+            interaction.set_radial_table(table.to(device=like.device, dtype=like.dtype), self.r_max)
         self._radial_table_versions = self._radial_mlp_versions()
 
     def _radial_mlp_versions(self) -> tuple:

@@ -15,18 +15,20 @@ import math
 
 import torch
 
-from ..cartesian import EquivariantLinear, TensorProduct, WeightRows, WeightSlopes
+from ..cartesian import EquivariantLinear, TensorProduct, WeightRows, WeightSlopes, WeightTable
 from ..cartesian._backend import resolve_backend
 from ..cartesian._frozen import frozen_derived, parameters_of
 from ..cartesian._layout import layout_width
 from .radial import MLP
-from .radial_table import table_slopes_enabled, table_weights, table_weights_and_slopes
+from ..cartesian._weight_table import table_geometry
+from .radial_table import table_kernel_enabled, table_slopes_enabled, table_weights, table_weights_and_slopes
 
 __all__ = ["Interaction", "Gate", "ProductBlock", "RMSNorm", "invariant_forms", "rank_channel_index"]
 
 _ACTIVATIONS = {"sigmoid": torch.sigmoid, "silu": torch.nn.functional.silu, "tanh": torch.tanh}
-# FLASHCART_TABLE_SLOPES, read at import (tests and benchmarks flip the attribute)
+# FLASHCART_TABLE_SLOPES and FLASHCART_TABLE_KERNEL, read at import (tests and benchmarks flip the attributes)
 _TABLE_SLOPES = table_slopes_enabled()
+_TABLE_KERNEL = table_kernel_enabled()
 
 
 def _fused_rowwise(x: torch.Tensor, backend: str):
@@ -173,6 +175,15 @@ class Interaction(torch.nn.Module):
         # a buffer (it moves and casts with the model), not saved in state dicts
         self.register_buffer("radial_table", None, persistent=False)
         self.radial_table_r_max = 0.0
+        # the table's cutoff and intervals per Å in its dtype (WeightTable.geometry)
+        self.register_buffer("radial_table_geometry", None, persistent=False)
+
+    def set_radial_table(self, table: torch.Tensor | None, r_max: float) -> None:
+        """Tabulate this interaction's radial MLP (:func:`~flashcart.nn.radial_table.cubic_table`'s
+        ``[K, 4, W]``, already in the MLP's dtype and device) over ``[0, r_max]`` Å, or drop it (``None``)."""
+        self.radial_table = table
+        self.radial_table_r_max = r_max if table is not None else 0.0
+        self.radial_table_geometry = None if table is None else table_geometry(table.shape[0], r_max, table.dtype, table.device)
 
     def forward(self, x, attrs, radial, receivers, senders, csr, node_embed=None, pairs=None, lengths=None):
         weights, rows, slopes = self.edge_weights(radial, receivers, senders, node_embed, pairs, lengths)
@@ -189,7 +200,9 @@ class Interaction(torch.nn.Module):
         weight_numel]`` and the :class:`WeightRows` through which the product reads each pair's row
         for both its edges. With a :attr:`radial_table` the same from the table at ``lengths``
         ``[E]`` (Å); the weights are then constants and ``slopes`` their derivatives in the
-        lengths (:class:`WeightSlopes`), unless ``FLASHCART_TABLE_SLOPES=0``."""
+        lengths (:class:`WeightSlopes`), unless ``FLASHCART_TABLE_SLOPES=0``; by default the table
+        itself, per edge (:class:`WeightTable`: the products' kernels evaluate it), with ``rows``
+        and ``slopes`` ``None`` (``FLASHCART_TABLE_KERNEL``)."""
         if self.radial_table is not None:
             if lengths is None:
                 raise ValueError("this interaction's radial MLP is tabulated: its forward needs the edge lengths")
@@ -198,6 +211,9 @@ class Interaction(torch.nn.Module):
                     "a tabulated radial MLP (FlashCartPotential.set_radial_tables) is for inference, but its parameters "
                     "require grad here (training?): they would get no gradient. Freeze them, or drop the tables"
                 )
+            if _TABLE_SLOPES and _TABLE_KERNEL and resolve_backend(self.tp.backend, lengths) == "triton":
+                # per edge: the kernels read one length per edge, no pairs
+                return WeightTable(self.radial_table, self.radial_table_geometry, lengths), None, None
             if pairs is not None:
                 lengths, rows = lengths.index_select(0, pairs.leader), WeightRows(pairs.pair_of_edge, pairs.row_edges)
             else:

@@ -42,9 +42,10 @@ from typing import Callable
 import torch
 
 from .._env import env_switch
+from ..cartesian._weight_table import WeightTable, evaluate, locate
 from .fusion_barrier import realized
 
-__all__ = ["cubic_table", "table_weights", "table_weights_and_slopes", "table_slopes_enabled", "MIN_INTERVALS"]
+__all__ = ["cubic_table", "table_weights", "table_weights_and_slopes", "table_slopes_enabled", "table_kernel_enabled", "MIN_INTERVALS"]
 
 MIN_INTERVALS = 16
 
@@ -56,6 +57,15 @@ def table_slopes_enabled() -> bool:
     (:func:`table_weights`: the weights' gradient ``[P, W]`` written, then read back). Anything
     else is an error naming the variable."""
     return env_switch("FLASHCART_TABLE_SLOPES")
+
+
+def table_kernel_enabled() -> bool:
+    """``FLASHCART_TABLE_KERNEL`` (``1``, the default, or ``0``): with the slopes on
+    (:func:`table_slopes_enabled`), whether interactions pass the products their table itself
+    (:class:`~flashcart.cartesian.WeightTable`: a convolution's Triton kernels evaluate the cubic
+    per edge, no weights ``[E, W]`` written), or the weights and slopes evaluated with ATen
+    operations (:func:`table_weights_and_slopes`). Anything else is an error naming the variable."""
+    return env_switch("FLASHCART_TABLE_KERNEL")
 
 
 def cubic_table(fn: Callable[[torch.Tensor], torch.Tensor], r_max: float, intervals: int) -> torch.Tensor:
@@ -74,22 +84,16 @@ def cubic_table(fn: Callable[[torch.Tensor], torch.Tensor], r_max: float, interv
     return torch.stack([y0, m0, 3 * (y1 - y0) - 2 * m0 - m1, 2 * (y0 - y1) + m0 + m1], dim=1)
 
 
-def _intervals(table: torch.Tensor, r_max: float, d: torch.Tensor):
-    """Each length's place in ``table``: ``(s [n, 1], (c0, c1, c2, c3) [n, W] each, inside [n, 1])``,
-    ``s`` differentiable in ``d`` (``d / h - k``), ``inside`` where ``d < r_max``. Lengths from
-    ``r_max`` on (padding edges: ``2 r_max``) evaluate the last interval's end, to be masked: no
-    cubic of a far length, whose powers could overflow into the masked gradient."""
-    intervals = table.shape[0]
-    d = realized(d)  # compiled calls: stored once, not recomputed for each of the W weights
-    x = d.clamp(max=r_max) * (intervals / r_max)
-    k = x.detach().floor().clamp(0, intervals - 1)
-    return (x - k)[:, None], table.index_select(0, k.long()).unbind(1), (d < r_max)[:, None]
+def _geometry(table: torch.Tensor, r_max: float) -> tuple[float, float]:
+    """The table's cutoff and intervals per Å (:func:`flashcart.cartesian._weight_table.locate`)."""
+    return r_max, table.shape[0] / r_max
 
 
 def table_weights(table: torch.Tensor, r_max: float, d: torch.Tensor) -> torch.Tensor:
     """``[n, W]``: the tabulated function at lengths ``d`` ``[n]`` (Å), zero from ``r_max`` on,
     differentiable in ``d``. ``table``: :func:`cubic_table`'s, in ``d``'s dtype."""
-    s, (c0, c1, c2, c3), inside = _intervals(table, r_max, d)
+    # compiled calls: the lengths stored once, not recomputed for each of the W weights
+    s, (c0, c1, c2, c3), inside = locate(table, _geometry(table, r_max), realized(d))
     w = c0 + s * (c1 + s * (c2 + s * c3))
     return torch.where(inside, w, torch.zeros((), dtype=w.dtype, device=w.device))
 
@@ -99,9 +103,5 @@ def table_weights_and_slopes(table: torch.Tensor, r_max: float, d: torch.Tensor)
     both constants (no autograd graph), zero from ``r_max`` on. For the products'
     ``weight_slopes`` (:class:`~flashcart.cartesian.WeightSlopes` with ``t = d``): the same first
     derivatives as differentiating :func:`table_weights`."""
-    with torch.no_grad():
-        s, (c0, c1, c2, c3), inside = _intervals(table, r_max, d)
-        zero = torch.zeros((), dtype=table.dtype, device=table.device)
-        w = torch.where(inside, c0 + s * (c1 + s * (c2 + s * c3)), zero)
-        slope = torch.where(inside, (c1 + s * (2 * c2 + 3 * s * c3)) * (table.shape[0] / r_max), zero)
-    return w, slope
+    w, (slopes, _) = evaluate(WeightTable(table, _geometry(table, r_max), realized(d)))
+    return w, slopes

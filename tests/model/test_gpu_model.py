@@ -55,13 +55,17 @@ def test_compiled_equals_eager_on_gpu(mode):
             assert_close(out[k], eager[k], 1e-10, k)
 
 
-def test_radial_tables_on_gpu_compiled_and_eager(monkeypatch):
+@pytest.mark.parametrize("kernel", [True, False], ids=["table in kernels", "weights and slopes"])
+def test_radial_tables_on_gpu_compiled_and_eager(monkeypatch, kernel):
     """Tabulated radial MLPs on CUDA (flashcart.nn.radial_table): eager Triton calls with
     tables (the ATen edge features, which give the lengths) == the MLPs' results to the table's
     accuracy, a reduce-overhead compiled call with tables == the eager one, and the slopes
     contracted in the products' backward kernels (FLASHCART_TABLE_SLOPES, the default) == autograd
-    through the table (float64)."""
+    through the table (float64); the products evaluate the table in their kernels
+    (FLASHCART_TABLE_KERNEL, the default) or read the weights and slopes evaluated before."""
     import flashcart.nn.blocks as blocks
+
+    monkeypatch.setattr(blocks, "_TABLE_KERNEL", kernel)
 
     torch._dynamo.reset()
     _, tri = _pair()

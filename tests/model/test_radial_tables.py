@@ -191,13 +191,17 @@ def test_slopes_equal_the_tables_derivative_and_vanish_from_r_max():
     assert bool((slopes[-2:] == 0).all()) and bool((w[-2:] == 0).all())
 
 
-@pytest.mark.parametrize("pairs", [True, False])
-def test_slopes_in_the_products_kernels_equal_autograd_through_the_tables(make_batch, monkeypatch, pairs):
+@pytest.mark.parametrize("pairs, kernel", [(True, False), (False, False), (False, True)], ids=["pairs", "edges", "table in kernels"])
+def test_slopes_in_the_products_kernels_equal_autograd_through_the_tables(make_batch, monkeypatch, pairs, kernel):
     """The Triton model (kernels interpreted on the CPU) with tables: each product's backward
     contracts the weights' gradient with the tables' slopes (FLASHCART_TABLE_SLOPES, the default)
-    instead of returning it to autograd; energy, forces and stress equal autograd through the
-    tables (float64, 1e-12), eager, padded and compiled (inductor)."""
+    instead of returning it to autograd, with the weights and slopes evaluated by ATen operations
+    per pair or per edge, or by the products' kernels from the table itself (FLASHCART_TABLE_KERNEL,
+    the default); energy, forces and stress equal autograd through the tables (float64, 1e-12),
+    eager, padded and compiled (inductor)."""
     import flashcart.nn.blocks as blocks
+
+    monkeypatch.setattr(blocks, "_TABLE_KERNEL", kernel)
 
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -224,12 +228,14 @@ def test_slopes_in_the_products_kernels_equal_autograd_through_the_tables(make_b
             assert_close(out[key], reference[key], 1e-12, f"{name} {key}")
 
 
-def test_table_slopes_setting_from_the_environment(monkeypatch):
-    from flashcart.nn.radial_table import table_slopes_enabled
+@pytest.mark.parametrize("name", ["FLASHCART_TABLE_SLOPES", "FLASHCART_TABLE_KERNEL"])
+def test_table_settings_from_the_environment(monkeypatch, name):
+    from flashcart.nn.radial_table import table_kernel_enabled, table_slopes_enabled
 
+    read = {"FLASHCART_TABLE_SLOPES": table_slopes_enabled, "FLASHCART_TABLE_KERNEL": table_kernel_enabled}[name]
     for raw, expected in (("", True), ("1", True), ("0", False)):
-        monkeypatch.setenv("FLASHCART_TABLE_SLOPES", raw)
-        assert table_slopes_enabled() is expected
-    monkeypatch.setenv("FLASHCART_TABLE_SLOPES", "yes")
-    with pytest.raises(ValueError, match="FLASHCART_TABLE_SLOPES must be 0 or 1, got 'yes'"):
-        table_slopes_enabled()
+        monkeypatch.setenv(name, raw)
+        assert read() is expected
+    monkeypatch.setenv(name, "yes")
+    with pytest.raises(ValueError, match=f"{name} must be 0 or 1, got 'yes'"):
+        read()

@@ -75,15 +75,79 @@ def out_offsets(paths: list[Path], out_l_max: int, reduce: bool) -> tuple[dict[t
     return offsets, base
 
 
-def weight_row(indent: str, edge: str, ptr: str = "pw") -> list[str]:
-    """``{ptr}``: the weight row of edge/row ``edge`` (int64): row ``widx[edge]`` with ``W_INDEX``
-    (several edges sharing one row, e.g. the two edges of a pair of reverse edges), else ``edge``."""
-    return [
+def weight_row(indent: str, edge: str, ptr: str = "pw", table: bool = False) -> list[str]:
+    """``{ptr}``: the weight row of edge/row ``edge`` (int64): row ``wr = widx[edge]`` with ``W_INDEX``
+    (several edges sharing one row, e.g. the two edges of a pair of reverse edges), else ``edge``.
+    ``table``: the kernel has ``W_TABLE`` (:func:`table_row`)."""
+    lines = [
         f"{indent}if W_INDEX:",
         f"{indent}{_I}wr = tl.load(widx_ptr + {edge})",
         f"{indent}else:",
         f"{indent}{_I}wr = {edge}",
-        f"{indent}{ptr} = w_ptr + wr * w_row",
+    ]
+    return lines + (table_row(indent, ptr) if table else [f"{indent}{ptr} = w_ptr + wr * w_row"])
+
+
+def table_prologue(indent: str) -> list[str]:
+    """``W_TABLE``: the table's cutoff ``tab_r`` and intervals per unit of ``t`` ``tab_scale``
+    (``geom_ptr``, the kernel's dtype: Triton passes Python floats as float32)."""
+    return [f"{indent}if W_TABLE:", f"{indent}{_I}tab_r = tl.load(geom_ptr)", f"{indent}{_I}tab_scale = tl.load(geom_ptr + 1)"]
+
+
+def table_row(indent: str, ptr: str = "pw", mask: str | None = None) -> list[str]:
+    """``{ptr}``: where weight row ``wr``'s weights are. Plain: row ``wr`` of ``w_ptr``. With
+    ``W_TABLE`` the weights are a cubic table ``[tab_n, 4, w_row]`` (:mod:`flashcart.cartesian._weight_table`)
+    in the row's variable ``t[wr]``: ``{ptr}`` is its interval's coefficient row, ``ts`` the
+    position in the interval, ``tin`` 1 below the cutoff, else 0 (the last interval's end is
+    evaluated, then masked). ``mask``: a scalar condition for the ``t`` load (past a walk's end)."""
+    II = indent + _I
+    masked = f", mask={mask}, other=0.0" if mask else ""
+    return [
+        f"{indent}if W_TABLE:",
+        f"{II}tv = tl.load(t_ptr + wr{masked})",
+        f"{II}tx = tl.minimum(tv, tab_r) * tab_scale",
+        f"{II}tk = tl.minimum(tl.maximum(tl.floor(tx), 0.0), tab_n - 1.0)",
+        f"{II}ts = tx - tk",
+        f"{II}tin = tl.where(tv < tab_r, 1.0, 0.0)",
+        f"{II}{ptr} = w_ptr + tl.cast(tk, tl.int64) * (4 * w_row)",
+        f"{indent}else:",
+        f"{II}{ptr} = w_ptr + wr * w_row",
+    ]
+
+
+def load_weight(indent: str, name: str, pi: int, mask: str = "fm", ptr: str = "pw", when: str = "always") -> list[str]:
+    """``{name}``: path ``pi``'s weights of the row at ``{ptr}`` (:func:`table_row`), with
+    ``W_TABLE`` the table's cubic at ``ts`` by Horner's rule (as ``_weight_table.evaluate``).
+    ``when``: ``"table"`` emits only the table's branch, ``"plain"`` only the other: kernels
+    that hold plain weights across a step re-evaluate a table's where they use it, rather than
+    hold four times the loads in flight."""
+    II = indent + _I
+
+    def c(j: int) -> str:
+        return f"tl.load({ptr} + {j} * w_row + {pi} * F + f, mask={mask}, other=0.0)"
+
+    table = [f"{indent}if W_TABLE:", f"{II}{name} = ({c(0)} + ts * ({c(1)} + ts * ({c(2)} + ts * {c(3)}))) * tin"]
+    plain = f"{II}" + _load(name, ptr, f"{pi} * F", "f", mask)
+    if when == "table":
+        return table
+    if when == "plain":
+        return [f"{indent}if not W_TABLE:", plain]
+    return table + [f"{indent}else:", plain]
+
+
+def load_slope(indent: str, name: str, pi: int) -> list[str]:
+    """``{name}``: path ``pi``'s slopes ``dw/dt`` of weight row ``wr`` (``W_SLOPE``): the table's
+    derivative at ``ts`` with ``W_TABLE`` (coefficients re-read: cached), else ``ws_ptr``'s row."""
+    II = indent + _I
+
+    def c(j: int) -> str:
+        return f"tl.load(pw + {j} * w_row + {pi} * F + f, mask=fm, other=0.0)"
+
+    return [
+        f"{indent}if W_TABLE:",
+        f"{II}{name} = ({c(1)} + ts * (2.0 * {c(2)} + 3.0 * ts * {c(3)})) * tab_scale * tin",
+        f"{indent}else:",
+        f"{II}" + _load(name, "ws_ptr", f"wr * w_row + {pi} * F", "f"),
     ]
 
 
@@ -270,10 +334,12 @@ def _fwd_operands(paths, indent: str, edge: str, prefix: str, mask: str) -> list
         f"{indent}lm = fm & (f * 0 + {edge} < end)",
         f"{indent}pa = x1_ptr + src * x1_row",
         f"{indent}pb = x2_ptr + {edge} * x2_row",
-        f"{indent}pw = w_ptr + wr * w_row",
+        *table_row(indent, "pw", mask=f"{edge} < end"),
     ]
     _load_inputs(L, paths, indent, prefix=prefix, mask=mask)
-    return L + [indent + _load(f"{prefix}w{pi}", "pw", f"{pi} * F", "f", mask) for pi in range(len(paths))]
+    for pi in range(len(paths)):
+        L += load_weight(indent, f"{prefix}w{pi}", pi, mask)
+    return L
 
 
 def _fwd(paths, offsets, n_out) -> list[str]:
@@ -282,7 +348,7 @@ def _fwd(paths, offsets, n_out) -> list[str]:
     loads' latency overlaps the arithmetic, for the registers of one more set of operands)."""
     L = TP_FWD.header(_I)
     I, II, III = _I, _I * 2, _I * 3
-    L += receiver_prologue(I)
+    L += receiver_prologue(I) + table_prologue(I)
     L += [f"{I}acc{k} = tl.zeros([BLOCK_F], dtype=DT)" for k in range(n_out)]
     names = _operand_names(paths)
     L.append(f"{I}if PIPELINE:")
@@ -303,7 +369,7 @@ def _fwd(paths, offsets, n_out) -> list[str]:
         f"{III}{I}src = e64",
         f"{III}pa = x1_ptr + src * x1_row",
         f"{III}pb = x2_ptr + e64 * x2_row",
-        *weight_row(III, "e64"),
+        *weight_row(III, "e64", table=True),
     ]
     _load_inputs(L, paths, III)
     L += _fwd_messages(paths, offsets, III, load_w=True)
@@ -317,7 +383,7 @@ def _fwd_messages(paths, offsets, indent: str, load_w: bool = False) -> list[str
     L = []
     for pi, p in enumerate(paths):
         if load_w:
-            L.append(indent + _load(f"w{pi}", "pw", f"{pi} * F", "f"))
+            L += load_weight(indent, f"w{pi}", pi)
         L += [indent + s for s in bilinear_lines(product_table(p.l1, p.l2, p.l_out), f"a{p.l1}_", f"b{p.l2}_", f"t{pi}_", _lit)]
         for c in range(2 * p.l_out + 1):
             L.append(f"{indent}acc{offsets[(pi, c)]} += w{pi} * t{pi}_{c}")
@@ -331,7 +397,7 @@ def _alias_go(lines, paths, offsets, indent):
 
 
 def _bwd_edge(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
-    L = TP_BWD_EDGE.header(_I)
+    L = TP_BWD_EDGE.header(_I) + table_prologue(_I)
     I, II = _I, _I * 2
     L += [
         f"{I}r = tl.cast(tl.program_id(0), tl.int64)",
@@ -348,7 +414,7 @@ def _bwd_edge(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
         f"{I}pg = go_ptr + gi * go_row",
         f"{I}pa = x1_ptr + si * x1_row",
         f"{I}pb = x2_ptr + r * x2_row",
-        *weight_row(I, "r"),
+        *weight_row(I, "r", table=True),
     ]
     L += [I + _load(f"go{k}", "pg", f"{k} * F", "f") for k in range(n_out)]
     _alias_go(L, paths, offsets, I)
@@ -370,12 +436,12 @@ def _edge_grads(L, paths, indent, row: str, in2_l_max, load_w: bool) -> None:
     L.append(f"{inner}if W_ROWS:")
     L += listed_mask(inner + _I, row)
     L.append(f"{inner}if W_SLOPE:")
-    L += [f"{inner}{_I}pws = ws_ptr + wr * w_row", f"{inner}{_I}gdv = tl.zeros([BLOCK_F], dtype=DT)"]
+    L.append(f"{inner}{_I}gdv = tl.zeros([BLOCK_F], dtype=DT)")
     for pi, p in enumerate(paths):
         L += [inner + s for s in bilinear_lines(product_table(p.l1, p.l2, p.l_out), f"a{p.l1}_", f"b{p.l2}_", f"t{pi}_", _lit)]
         L.append(f"{inner}gwv{pi} = " + " + ".join(f"gop{pi}_{c} * t{pi}_{c}" for c in range(2 * p.l_out + 1)))
         L.append(f"{inner}if W_SLOPE:")
-        L.append(f"{inner}{_I}" + _load(f"ws{pi}", "pws", f"{pi} * F", "f"))
+        L += load_slope(inner + _I, f"ws{pi}", pi)
         L.append(f"{inner}{_I}gdv += gwv{pi} * ws{pi}")
         L.append(f"{inner}else:")
         L += weight_grad_out(inner + _I, "gw_ptr", row, "gw_row", pi, f"gwv{pi}")
@@ -411,7 +477,7 @@ def _grad_block(paths, attr, indent, ptr, vjp, l_max, reduce_flag=None, load_w=T
             L.append(f"{indent}g{l}_{i} = tl.zeros([BLOCK_F], dtype=DT)")
     for pi, p in enumerate(paths):
         if load_w:
-            L.append(indent + _load(f"w{pi}", "pw", f"{pi} * F", "f"))
+            L += load_weight(indent, f"w{pi}", pi)
         if vjp == "a":
             table, other, l_in = product_vjp_a_table(p.l1, p.l2, p.l_out), f"b{p.l2}_", p.l1
         else:
@@ -419,7 +485,13 @@ def _grad_block(paths, attr, indent, ptr, vjp, l_max, reduce_flag=None, load_w=T
         L += [indent + s for s in bilinear_lines(table, f"gop{pi}_", other, f"v{pi}_", _lit)]
         for i in range(2 * l_in + 1):
             L.append(f"{indent}g{l_in}_{i} += w{pi} * v{pi}_{i}")
-    L.append(f"{indent}pgo = {ptr}")
+    return L + _grad_stores(ranks, indent, ptr, l_max, reduce_flag)
+
+
+def _grad_stores(ranks, indent, ptr, l_max, reduce_flag=None) -> list[str]:
+    """Store the accumulated gradient ``g{l}_{i}`` of ranks ``ranks`` (zeros for the other ranks up
+    to ``l_max``) at ``ptr``; with ``reduce_flag`` set at run time, the channel sums."""
+    L = [f"{indent}pgo = {ptr}"]
     stores, sums = [], []
     for l in range(l_max + 1):
         for i in range(2 * l + 1):
@@ -435,12 +507,12 @@ def _grad_block(paths, attr, indent, ptr, vjp, l_max, reduce_flag=None, load_w=T
     return L
 
 
-def _sender_walk(L, paths, offsets, n_out, acc: str, hoist_w: bool) -> None:
+def _sender_walk(L, paths, offsets, n_out, acc: str, hoist_w: bool, g1: bool = True) -> None:
     """Zeroed node-gradient accumulators ``{acc}{l}_{i}``, then the loop over a sender's edges
     (``perm``) with each edge's output cotangent ``go*``, input 2 ``b*`` and weights ``w*`` loaded
-    (all weights first with ``hoist_w``, else each before its path; the next edges' indices
-    prefetched after the loads), accumulating input 1's gradient (the loop body continues at two
-    indents)."""
+    (all plain weights first with ``hoist_w``, else each before its path; the next edges' indices
+    prefetched after the loads), accumulating input 1's gradient (with ``g1``; the loop body
+    continues at two indents)."""
     I, II = _I, _I * 2
     for l in _ranks(paths, "l1"):
         for i in range(2 * l + 1):
@@ -451,21 +523,59 @@ def _sender_walk(L, paths, offsets, n_out, acc: str, hoist_w: bool) -> None:
         *sender_edges_head(II),
         f"{II}pg = go_ptr + gi * go_row",
         f"{II}pb = x2_ptr + e * x2_row",
-        *weight_row(II, "e"),
+        *weight_row(II, "e", table=True),
     ]
     L += [II + _load(f"go{k}", "pg", f"{k} * F", "f") for k in range(n_out)]
     _alias_go(L, paths, offsets, II)
     _load_inputs(L, paths, II, need_a=False)
-    if hoist_w:
-        L += [II + _load(f"w{pi}", "pw", f"{pi} * F", "f") for pi in range(len(paths))]
+    if hoist_w:  # plain weights; a table's are evaluated per path below
+        for pi in range(len(paths)):
+            L += load_weight(II, f"w{pi}", pi, when="plain")
     L += sender_edges_next(II)
-    for pi, p in enumerate(paths):  # input 1's gradient, accumulated over the sender's edges
-        if not hoist_w:
-            L.append(II + _load(f"w{pi}", "pw", f"{pi} * F", "f"))
-        table = product_vjp_a_table(p.l1, p.l2, p.l_out)
-        L += [II + s for s in bilinear_lines(table, f"gop{pi}_", f"b{p.l2}_", f"v{pi}_", _lit)]
-        for i in range(2 * p.l1 + 1):
-            L.append(f"{II}{acc}{p.l1}_{i} += w{pi} * v{pi}_{i}")
+    if g1:
+        for pi, p in enumerate(paths):  # input 1's gradient, accumulated over the sender's edges
+            if not hoist_w:
+                L += load_weight(II, f"w{pi}", pi)
+            L += _x1_grad_terms(p, pi, II, acc)
+
+
+def _x1_grad_terms(p, pi: int, indent: str, acc: str) -> list[str]:
+    """Path ``pi``'s term of input 1's gradient added into ``{acc}{l}_{i}``."""
+    table = product_vjp_a_table(p.l1, p.l2, p.l_out)
+    L = [indent + s for s in bilinear_lines(table, f"gop{pi}_", f"b{p.l2}_", f"v{pi}_", _lit)]
+    return L + [f"{indent}{acc}{p.l1}_{i} += w{pi} * v{pi}_{i}" for i in range(2 * p.l1 + 1)]
+
+
+def _table_edge(L, paths, indent: str, acc: str, in2_l_max: int, row: str) -> None:
+    """One edge of ``tp_bwd_csr`` with ``W_TABLE``, path by path: each path's four coefficient
+    vectors loaded once, its weights and slopes evaluated from them and used at once for input 1's
+    gradient, input 2's (``NEED_G2``) and ``t``'s (``NEED_GW``, which with a table always
+    has ``W_SLOPE``). Holding every path's weights across the edge's three gradients, as the
+    plain kernel does, would hold four times the loads' registers."""
+    inner = indent + _I
+    _load_inputs(L, paths, indent, need_b=False)
+    L.append(f"{indent}if NEED_G2:")
+    L += [f"{inner}g{l}_{i} = tl.zeros([BLOCK_F], dtype=DT)" for l in _ranks(paths, "l2") for i in range(2 * l + 1)]
+    L.append(f"{indent}if NEED_GW:")
+    L.append(f"{inner}gdv = tl.zeros([BLOCK_F], dtype=DT)")
+    L.append(f"{inner}if W_ROWS:")
+    L += listed_mask(inner + _I, row)
+    for pi, p in enumerate(paths):
+        L += [f"{indent}tc{j} = tl.load(pw + {j} * w_row + {pi} * F + f, mask=fm, other=0.0)" for j in range(4)]
+        L.append(f"{indent}w{pi} = (tc0 + ts * (tc1 + ts * (tc2 + ts * tc3))) * tin")
+        L += _x1_grad_terms(p, pi, indent, acc)
+        L.append(f"{indent}if NEED_G2:")
+        table = product_vjp_b_table(p.l1, p.l2, p.l_out)
+        L += [inner + s for s in bilinear_lines(table, f"gop{pi}_", f"a{p.l1}_", f"u{pi}_", _lit)]
+        L += [f"{inner}g{p.l2}_{i} += w{pi} * u{pi}_{i}" for i in range(2 * p.l2 + 1)]
+        L.append(f"{indent}if NEED_GW:")
+        L += [inner + s for s in bilinear_lines(product_table(p.l1, p.l2, p.l_out), f"a{p.l1}_", f"b{p.l2}_", f"t{pi}_", _lit)]
+        L.append(f"{inner}gwv{pi} = " + " + ".join(f"gop{pi}_{c} * t{pi}_{c}" for c in range(2 * p.l_out + 1)))
+        L.append(f"{inner}gdv += gwv{pi} * ((tc1 + ts * (2.0 * tc2 + 3.0 * ts * tc3)) * tab_scale * tin)")
+    L.append(f"{indent}if NEED_G2:")
+    L += _grad_stores(_ranks(paths, "l2"), inner, f"g2_ptr + {row} * g2_row", in2_l_max, "REDUCE_G2")
+    L.append(f"{indent}if NEED_GW:")
+    L += slope_grad_out(inner, row)
 
 
 def _store_sender_grad(L, paths, in1_l_max, acc: str) -> None:
@@ -479,7 +589,7 @@ def _store_sender_grad(L, paths, in1_l_max, acc: str) -> None:
 
 
 def _bwd_x1_csr(paths, offsets, n_out, in1_l_max) -> list[str]:
-    L = TP_BWD_X1_CSR.header(_I) + sender_prologue(_I)
+    L = TP_BWD_X1_CSR.header(_I) + sender_prologue(_I) + table_prologue(_I)
     _sender_walk(L, paths, offsets, n_out, "g", hoist_w=False)
     _store_sender_grad(L, paths, in1_l_max, "g")
     return L
@@ -493,13 +603,19 @@ def rank_groups(paths) -> list[list[int]]:
 
 
 def _bwd_csr(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
-    L = TP_BWD_CSR.header(_I) + sender_prologue(_I)
+    L = TP_BWD_CSR.header(_I) + sender_prologue(_I) + table_prologue(_I)
     II = _I * 2
+    III = II + _I
     L += [f"{_I}f1 = f * F1S", f"{_I}pa = x1_ptr + j * x1_row"]
-    _sender_walk(L, paths, offsets, n_out, "h", hoist_w=True)
+    _sender_walk(L, paths, offsets, n_out, "h", hoist_w=True, g1=False)
+    L.append(f"{II}if W_TABLE:")
+    _table_edge(L, paths, III, "h", in2_l_max, "e")
+    L.append(f"{II}else:")
+    for pi, p in enumerate(paths):
+        L += _x1_grad_terms(p, pi, III, "h")
     # the sender's row of input 1, read per edge (cached) rather than held in registers across the loop
-    _load_inputs(L, paths, II, need_b=False)
-    _edge_grads(L, paths, II, "e", in2_l_max, load_w=False)
+    _load_inputs(L, paths, III, need_b=False)
+    _edge_grads(L, paths, III, "e", in2_l_max, load_w=False)
     _store_sender_grad(L, paths, in1_l_max, "h")
     return L
 

@@ -78,6 +78,19 @@ def _variants(dbwd_only: bool):
                 "tp_bwd_edge conv g2+gw, weight rows, slopes",
                 dict(CONV=True, NEED_G1=False, NEED_G2=True, NEED_GW=True, REDUCE_G2=True, W_INDEX=True, W_ROWS=True, W_SLOPE=True),
             ),
+            ("product", TP_FWD, "tp_fwd conv, pipelined, table", dict(CONV=True, PIPELINE=True, W_TABLE=True)),
+            (
+                "product",
+                TP_BWD_CSR,
+                "tp_bwd_csr g1+g2+gw, slopes, table",
+                dict(NEED_G2=True, NEED_GW=True, REDUCE_G2=True, W_SLOPE=True, W_TABLE=True),
+            ),
+            (
+                "product",
+                TP_BWD_EDGE,
+                "tp_bwd_edge conv g2+gw, slopes, table",
+                dict(CONV=True, NEED_G1=False, NEED_G2=True, NEED_GW=True, REDUCE_G2=True, W_SLOPE=True, W_TABLE=True),
+            ),
             (
                 "product",
                 TP_BWD_EDGE,
@@ -164,7 +177,7 @@ def resource_usage(
             continue
         signature = {a: ("*i64" if a in _INDEX else f"*{dtype}") if a.endswith("_ptr") else "i32" for a in sig.args}
         signature |= {c: "constexpr" for c in sig.constexprs}
-        defaults = {c: v for c, v in (("SPLITS", 1), ("PREFETCH", True), ("W_SLOPE", False)) if c in sig.constexprs}
+        defaults = {c: v for c, v in (("SPLITS", 1), ("PREFETCH", True), ("W_SLOPE", False), ("W_TABLE", False)) if c in sig.constexprs}
         constexprs = {**defaults, **flags, "BLOCK_F": block_f, "DT": dts[dtype]}
         src = ASTSource(fn=getattr(modules[which], sig.name), signature=signature, constexprs=constexprs)
         options = dict(num_warps=max(1, block_f // 32)) | ({} if maxnreg is None else {"maxnreg": maxnreg})

@@ -32,6 +32,8 @@ from .._layout import edge_csr
 from .._linear_spec import BWD_W, BWD_X, COLUMN, FWD, N_COLS, launch_rows, linear_spec, n_tiles
 from .._weight_rows import listed_edges
 from .._weight_slopes import apply_weight_slopes
+from .._weight_table import WeightTable
+from .._weight_table import evaluate as evaluate_weight_table
 from . import common as _common
 from .common import DT as _DT
 from .common import block_f as _block_f
@@ -117,10 +119,38 @@ def tp_fwd(
     return _tp_fwd_impl(x1, x2, w, rowptr, senders, widx, key)
 
 
+class _Table(NamedTuple):
+    """``W_TABLE``'s operands: ``w`` is then a cubic table ``[K, 4, W]`` of ``t [R]``, one variable
+    per weight row (:mod:`flashcart.cartesian._weight_table`), ``geometry [2]`` its cutoff and scale."""
+
+    t: Tensor
+    geometry: Tensor
+
+
+def _table_args(table: Optional[_Table], w: Tensor, unused: Tensor) -> dict:
+    """The kernels' ``W_TABLE`` arguments (``t_ptr``, ``geom_ptr``, ``tab_n``, ``W_TABLE``)."""
+    if table is None:
+        return dict(t_ptr=unused, geom_ptr=unused, tab_n=0, W_TABLE=False)
+    return dict(t_ptr=table.t, geom_ptr=table.geometry, tab_n=w.shape[0], W_TABLE=True)
+
+
+def _w_row(w: Tensor, table: Optional[_Table]) -> int:
+    """Elements per weight row: ``W`` of ``[R, W]`` (or of a table ``[K, 4, W]``), 0 for shared ``[W]``."""
+    return w.shape[-1] if table is not None or w.dim() == 2 else 0
+
+
 def _tp_fwd_impl(
-    x1: Tensor, x2: Tensor, w: Tensor, rowptr: Optional[Tensor], senders: Optional[Tensor], widx: Optional[Tensor], key: str
+    x1: Tensor,
+    x2: Tensor,
+    w: Tensor,
+    rowptr: Optional[Tensor],
+    senders: Optional[Tensor],
+    widx: Optional[Tensor],
+    key: str,
+    table: Optional[_Table] = None,
 ) -> Tensor:
-    """The product's forward launch (``tp_fwd``, shared by :func:`tp_fwd` and :func:`tp_fwd_tabulated`)."""
+    """The product's forward launch (``tp_fwd``, shared by :func:`tp_fwd`, :func:`tp_fwd_tabulated`
+    and :func:`tp_fwd_table`; ``table`` given: ``w`` is a cubic table, ``W_TABLE``)."""
     spec, f1, f2, F = _tp_shapes(key, x1, x2)
     conv = rowptr is not None
     rows = x1.shape[0] if conv else x2.shape[0]
@@ -139,12 +169,13 @@ def _tp_fwd_impl(
         x2_ptr=x2,
         w_ptr=w,
         widx_ptr=widx if widx is not None else unused,
+        **_table_args(table, w, unused),
         out_ptr=out,
         rowptr_ptr=rowptr if conv else unused,
         send_ptr=senders if conv else unused,
         x1_row=x1.shape[1],
         x2_row=x2.shape[1],
-        w_row=0 if w.dim() == 1 else w.shape[1],
+        w_row=_w_row(w, table),
         out_row=out.shape[1],
         F1S=int(f1 != 1),
         F2S=int(f2 != 1),
@@ -189,17 +220,20 @@ def tp_bwd(
     return _tp_bwd_impl(go, x1, x2, w, None, receivers, senders, perm, srowptr, widx, wrows, key, need_x1, need_x2, need_w)
 
 
-def _tp_bwd_impl(go, x1, x2, w, ws, receivers, senders, perm, srowptr, widx, wrows, key, need_x1, need_x2, need_w):
-    """The product's backward launches (shared by :func:`tp_bwd` and :func:`tp_bwd_tabulated`).
-    ``ws`` given (``W_SLOPE``): ``w = w(t)`` with ``dw/dt = ws``, and the third result is the
-    gradient of ``t`` instead of ``w``'s: ``[R]`` per weight row with ``widx`` (summed in the
-    kernels, or here over each row's listed edges), else ``[rows]``."""
+def _tp_bwd_impl(go, x1, x2, w, ws, receivers, senders, perm, srowptr, widx, wrows, key, need_x1, need_x2, need_w, table=None):
+    """The product's backward launches (shared by :func:`tp_bwd`, :func:`tp_bwd_tabulated` and
+    :func:`tp_bwd_table`). ``ws`` given (``W_SLOPE``): ``w = w(t)`` with ``dw/dt = ws``, and the
+    third result is the gradient of ``t`` instead of ``w``'s: ``[R]`` per weight row with ``widx``
+    (summed in the kernels, or here over each row's listed edges), else ``[rows]``. ``table``
+    given: ``w`` is a cubic table of ``table.t`` (``W_TABLE``), whose slopes the kernels evaluate
+    (``ws`` unused), and the third result is ``t``'s gradient likewise."""
     spec, f1, f2, F = _tp_shapes(key, x1, x2)
     conv = receivers is not None
-    slope = ws is not None and need_w
+    slope = (ws is not None or table is not None) and need_w
     rows = x2.shape[0]
     go, x1, x2, w = go.contiguous(), x1.contiguous(), x2.contiguous(), w.contiguous()
     shared = w.dim() == 1
+    n_wrows = table.t.shape[0] if table is not None else w.shape[0]  # weight rows (R)
     dev, dt = x2.device, x2.dtype
     splits = _walk_splits(conv, spec.n_paths)  # the sender walks (input 1's gradient) write partial sums per split
     # convolution with input 1's gradient and another: one pass per sender (tp_bwd_csr)
@@ -214,14 +248,14 @@ def _tp_bwd_impl(go, x1, x2, w, ws, receivers, senders, perm, srowptr, widx, wro
     if not need_w:
         gw = w.new_empty(0)
     elif slope:  # one scalar per weight row (summed by atomics) or per edge
-        ws = ws.contiguous()
-        gw = torch.zeros(w.shape[0], dtype=dt, device=dev) if in_rows else torch.empty(rows, dtype=dt, device=dev)
+        ws = ws.contiguous() if ws is not None else None
+        gw = torch.zeros(n_wrows, dtype=dt, device=dev) if in_rows else torch.empty(rows, dtype=dt, device=dev)
     elif in_rows:  # each listed edge's gradient is added into its row
         gw = torch.zeros(w.shape[0], spec.n_paths * F, dtype=dt, device=dev)
     else:
         gw = torch.empty(rows, spec.n_paths * F, dtype=dt, device=dev)
     block, warps = _block_f(F)
-    w_row = 0 if shared else w.shape[1]
+    w_row = _w_row(w, table)
     if fused:
         _bwd_csr(
             mod,
@@ -229,6 +263,8 @@ def _tp_bwd_impl(go, x1, x2, w, ws, receivers, senders, perm, srowptr, widx, wro
             x1,
             x2,
             w,
+            table,
+            slope,
             ws if slope else None,
             widx,
             wrows if in_rows else None,
@@ -257,9 +293,10 @@ def _tp_bwd_impl(go, x1, x2, w, ws, receivers, senders, perm, srowptr, widx, wro
             x1_ptr=x1,
             x2_ptr=x2,
             w_ptr=w,
-            ws_ptr=ws if slope else unused,
+            ws_ptr=ws if slope and ws is not None else unused,
             widx_ptr=widx if widx is not None else unused,
             wrows_ptr=wrows if in_rows else unused,
+            **_table_args(table, w, unused),
             g1_ptr=g1 if need_x1 and not conv else unused,
             g2_ptr=g2 if need_x2 else unused,
             gw_ptr=gw if need_w else unused,
@@ -297,6 +334,7 @@ def _tp_bwd_impl(go, x1, x2, w, ws, receivers, senders, perm, srowptr, widx, wro
             x2_ptr=x2,
             w_ptr=w,
             widx_ptr=widx if widx is not None else go,
+            **_table_args(table, w, go),
             g1_ptr=g1,
             srowptr_ptr=srowptr,
             perm_ptr=perm,
@@ -321,23 +359,22 @@ def _tp_bwd_impl(go, x1, x2, w, ws, receivers, senders, perm, srowptr, widx, wro
     if need_x2 and not reduce_g2:
         g2 = _reduce_channels(g2, spec.in2_comps, f2)
     if slope and widx is not None and not in_rows:  # per edge: each row sums the edges it lists
-        gw = torch.zeros(w.shape[0], dtype=dt, device=dev).index_add_(0, widx, torch.where(listed_edges(wrows, widx), gw, 0))
+        gw = torch.zeros(n_wrows, dtype=dt, device=dev).index_add_(0, widx, torch.where(listed_edges(wrows, widx), gw, 0))
     if need_w and shared:
         gw = gw.sum(0)
     return g1, g2, gw
 
 
 def _bwd_csr(
-    mod, go, x1, x2, w, ws, widx, wrows, g1, g2, gw, receivers, perm, srowptr, f1, f2, F, need_x2, need_w, reduce_g2, splits
+    mod, go, x1, x2, w, table, slope, ws, widx, wrows, g1, g2, gw, receivers, perm, srowptr, f1, f2, F, need_x2, need_w, reduce_g2, splits
 ) -> None:
     """Launch ``tp_bwd_csr``: ``splits`` programs per sender (and channel block; a single block
     covering every channel when input 2's gradient is summed over channels in-kernel, or with
-    ``ws``), input 1's gradient as partial sums in ``g1 [splits * nodes, ...]``; ``wrows`` given:
-    the weight gradient is summed into rows (``W_ROWS``); ``ws`` given: the gradient of the
-    weights' variable instead (``W_SLOPE``)."""
+    ``slope``), input 1's gradient as partial sums in ``g1 [splits * nodes, ...]``; ``wrows``
+    given: the weight gradient is summed into rows (``W_ROWS``); ``slope``: the gradient of the
+    weights' variable instead (``W_SLOPE``), with slopes ``ws`` or those of ``table``."""
     if guard_or_false(x1.shape[0] == 0):
         return
-    slope = ws is not None and need_w
     block = _next_pow2(F) if reduce_g2 or slope else _block_f(F)[0]
     unused = go  # pointer arguments the kernel does not read (their NEED_* flag is off)
     TP_BWD_CSR.launch(
@@ -348,9 +385,10 @@ def _bwd_csr(
         x1_ptr=x1,
         x2_ptr=x2,
         w_ptr=w,
-        ws_ptr=ws if slope else unused,
+        ws_ptr=ws if ws is not None else unused,
         widx_ptr=widx if widx is not None else unused,
         wrows_ptr=wrows if wrows is not None else unused,
+        **_table_args(table, w, unused),
         g1_ptr=g1,
         g2_ptr=g2 if need_x2 else unused,
         gw_ptr=gw if need_w else unused,
@@ -360,7 +398,7 @@ def _bwd_csr(
         go_row=go.shape[1],
         x1_row=x1.shape[1],
         x2_row=x2.shape[1],
-        w_row=w.shape[1],
+        w_row=_w_row(w, table),
         g1_row=g1.shape[1],
         g2_row=g2.shape[-1] if need_x2 else 0,
         gw_row=0 if slope or not need_w else gw.shape[-1],
@@ -645,6 +683,89 @@ tp_fwd_tabulated.register_autograd(_tab_backward, setup_context=_tab_setup)
 tp_bwd_tabulated.register_autograd(_tab_bwd_backward, setup_context=_tab_bwd_setup)
 
 
+# The same with the weights evaluated in the kernels from a cubic table of ``t`` (``W_TABLE``,
+# :mod:`flashcart.cartesian._weight_table`): ``table [K, 4, W]`` and ``geometry [2]`` replace
+# ``w`` and ``ws``, so neither ``[R, W]`` tensor is written or read.
+
+
+@kernel_op("flashcart::tp_fwd_table")
+def tp_fwd_table(
+    x1: Tensor,
+    x2: Tensor,
+    t: Tensor,
+    table: Tensor,
+    geometry: Tensor,
+    receivers: Optional[Tensor],
+    senders: Optional[Tensor],
+    rowptr: Optional[Tensor],
+    perm: Optional[Tensor],
+    srowptr: Optional[Tensor],
+    widx: Optional[Tensor],
+    wrows: Optional[Tensor],
+    key: str,
+) -> Tensor:
+    return _tp_fwd_impl(x1, x2, table, rowptr, senders, widx, key, _Table(t.contiguous(), geometry.contiguous()))
+
+
+@tp_fwd_table.register_fake
+def _(x1, x2, t, table, geometry, receivers, senders, rowptr, perm, srowptr, widx, wrows, key):
+    spec, _, _, F = _tp_shapes(key, x1, x2)
+    return x2.new_empty(x1.shape[0], spec.n_out_blocks * F)
+
+
+@kernel_op("flashcart::tp_bwd_table")
+def tp_bwd_table(
+    go: Tensor,
+    x1: Tensor,
+    x2: Tensor,
+    t: Tensor,
+    table: Tensor,
+    geometry: Tensor,
+    receivers: Optional[Tensor],
+    senders: Optional[Tensor],
+    rowptr: Optional[Tensor],
+    perm: Optional[Tensor],
+    srowptr: Optional[Tensor],
+    widx: Optional[Tensor],
+    wrows: Optional[Tensor],
+    key: str,
+    need_x1: bool,
+    need_x2: bool,
+    need_t: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    tab = _Table(t.contiguous(), geometry.contiguous())
+    return _tp_bwd_impl(go, x1, x2, table, None, receivers, senders, perm, srowptr, widx, wrows, key, need_x1, need_x2, need_t, tab)
+
+
+@tp_bwd_table.register_fake
+def _(go, x1, x2, t, table, geometry, receivers, senders, rowptr, perm, srowptr, widx, wrows, key, need_x1, need_x2, need_t):
+    return (
+        x1.new_empty(x1.shape) if need_x1 else x1.new_empty(0),
+        x2.new_empty(x2.shape) if need_x2 else x2.new_empty(0),
+        t.new_empty(t.shape[0] if widx is not None else x2.shape[0]) if need_t else t.new_empty(0),
+    )
+
+
+def _table_setup(ctx, inputs, output):
+    x1, x2, t, table, geometry, *graph, key = inputs
+    ctx.key = key
+    ctx.save_for_backward(x1, x2, t, table, geometry, *graph)
+
+
+def _table_backward(ctx, go):
+    x1, x2, t, table, geometry, *graph = ctx.saved_tensors
+    need = _engine_needs(ctx, 3)  # x1, x2, t
+    grads = [None] * (6 + _GRAPH)
+    if any(need):
+        g1, g2, gt = tp_bwd_table(go, x1, x2, t, table, geometry, *graph, ctx.key, need[0], need[1], need[2])
+        grads[:3] = [g1 if need[0] else None, g2 if need[1] else None, gt if need[2] else None]
+    return tuple(grads)
+
+
+tp_fwd_table.register_autograd(_table_backward, setup_context=_table_setup)
+tp_bwd_table.register_autograd(_tab_bwd_backward, setup_context=_tab_bwd_setup)
+
+
 # One program covers every channel of an edge when the backward contracts the weights' gradient
 # with their slopes (W_SLOPE): up to this many channels, else the slopes are applied by autograd.
 TABULATED_MAX_CHANNELS = 256
@@ -664,8 +785,17 @@ def tensor_product(
     """Triton path of :class:`~flashcart.cartesian.TensorProduct` (shapes checked by the caller).
     ``weight_slopes = (ws, t)``: the weights are a function ``w(t)`` of one variable per row with
     slopes ``ws`` (:class:`~flashcart.cartesian.WeightSlopes`); convolutions contract the weights'
-    gradient with the slopes in the backward kernels (``tp_fwd_tabulated``)."""
+    gradient with the slopes in the backward kernels (``tp_fwd_tabulated``). ``w`` a
+    :class:`~flashcart.cartesian.WeightTable`: convolutions evaluate the table in their kernels
+    (``tp_fwd_table``); other products take its weights and slopes (``_weight_table.evaluate``)."""
     key = product_key(tp.in1_l_max, tp.in2_l_max, tp.out_l_max, tp.symmetric, tp.reduce_paths)
+    if isinstance(w, WeightTable):
+        if receivers is not None and tp.out_features <= TABULATED_MAX_CHANNELS:
+            rowptr, perm, srowptr = csr if csr is not None else edge_csr(receivers, senders, x1.shape[0])
+            widx, wrows = weight_rows if weight_rows is not None else (None, None)
+            table, geometry, t = w
+            return tp_fwd_table(x1, x2, t, table, geometry, receivers, senders, rowptr, perm, srowptr, widx, wrows, key)
+        w, weight_slopes = evaluate_weight_table(w)
     fused_slopes = weight_slopes is not None and receivers is not None and tp.out_features <= TABULATED_MAX_CHANNELS
     if weight_slopes is not None and not fused_slopes:
         w = apply_weight_slopes(w, weight_slopes)

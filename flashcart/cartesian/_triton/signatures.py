@@ -102,6 +102,10 @@ def traceable(kernel: Any, probe: Any) -> Any:
 # weights' gradient the kernel writes the gradient of t, sum_p,f gw * dw/dt, one scalar per edge
 # into gw_ptr ([rows]), or with W_ROWS added atomically per weight row ([R], zeroed). One program
 # then covers every channel (the sum is over channels).
+# W_TABLE (tp_fwd, tp_bwd_edge, tp_bwd_x1_csr, tp_bwd_csr): w_ptr is a cubic table [tab_n, 4, w_row]
+# (flashcart.cartesian._weight_table) of one variable t per weight row (t_ptr); geom_ptr holds its
+# cutoff and intervals per unit of t in the kernel's dtype. Each weight row's weights (and with
+# W_SLOPE its slopes) are the table's cubic at t[row], evaluated in the kernel: no [R, W] weights.
 # PIPELINE (tp_fwd): load the next edge's operands before computing the current edge's messages.
 # PREFETCH (the sender walks tp_bwd_x1_csr, tp_bwd_csr, tp_dbwd_x1_csr; the fused double backward's
 # receiver walk tp_dbwd_row): each step loads the indices of the edges after it (perm, recv; send),
@@ -110,6 +114,7 @@ def traceable(kernel: Any, probe: Any) -> Any:
 # per node, each walking a consecutive part of the node's edges; per-node results are partial sums
 # in rows s * nodes + node of a [SPLITS * nodes, ...] output that the launcher sums (per-edge
 # results are written once, as without splits). 1: one program per node.
+_TABLE = ("t_ptr", "geom_ptr", "tab_n")  # W_TABLE's arguments
 TP_FWD = KernelSignature(
     "tp_fwd",
     args=(
@@ -117,6 +122,7 @@ TP_FWD = KernelSignature(
         "x2_ptr",
         "w_ptr",
         "widx_ptr",
+        *_TABLE,
         "out_ptr",
         "rowptr_ptr",
         "send_ptr",
@@ -130,16 +136,16 @@ TP_FWD = KernelSignature(
         "F2C",
         "F",
     ),
-    constexprs=("CONV", "W_INDEX", "PIPELINE", "SPLITS", "BLOCK_F", "DT"),
+    constexprs=("CONV", "W_INDEX", "W_TABLE", "PIPELINE", "SPLITS", "BLOCK_F", "DT"),
 )
 # The backward's tensors and their row strides, then the channel arguments (tp_bwd_edge, tp_bwd_csr).
-_BWD_TENSORS = ("go_ptr", "x1_ptr", "x2_ptr", "w_ptr", "ws_ptr", "widx_ptr", "wrows_ptr", "g1_ptr", "g2_ptr", "gw_ptr")
+_BWD_TENSORS = ("go_ptr", "x1_ptr", "x2_ptr", "w_ptr", "ws_ptr", "widx_ptr", "wrows_ptr", "g1_ptr", "g2_ptr", "gw_ptr", *_TABLE)
 _BWD_ROWS = ("go_row", "x1_row", "x2_row", "w_row", "g1_row", "g2_row", "gw_row")
 _CHANNELS = ("F1S", "F2S", "F1C", "F2C", "F")
 TP_BWD_EDGE = KernelSignature(
     "tp_bwd_edge",
     args=(*_BWD_TENSORS, "recv_ptr", "send_ptr", *_BWD_ROWS, *_CHANNELS),
-    constexprs=("CONV", "W_INDEX", "W_ROWS", "W_SLOPE", "NEED_G1", "NEED_G2", "NEED_GW", "REDUCE_G2", "BLOCK_F", "DT"),
+    constexprs=("CONV", "W_INDEX", "W_ROWS", "W_SLOPE", "W_TABLE", "NEED_G1", "NEED_G2", "NEED_GW", "REDUCE_G2", "BLOCK_F", "DT"),
 )
 TP_BWD_X1_CSR = KernelSignature(
     "tp_bwd_x1_csr",
@@ -148,6 +154,7 @@ TP_BWD_X1_CSR = KernelSignature(
         "x2_ptr",
         "w_ptr",
         "widx_ptr",
+        *_TABLE,
         "g1_ptr",
         "srowptr_ptr",
         "perm_ptr",
@@ -160,7 +167,7 @@ TP_BWD_X1_CSR = KernelSignature(
         "F2C",
         "F",
     ),
-    constexprs=("W_INDEX", "PREFETCH", "SPLITS", "BLOCK_F", "DT"),
+    constexprs=("W_INDEX", "W_TABLE", "PREFETCH", "SPLITS", "BLOCK_F", "DT"),
 )
 # The convolution backward in one pass per sender: the gradient of input 1 (as tp_bwd_x1_csr) and,
 # for each of the sender's edges, those of input 2 and the weights (as tp_bwd_edge), every edge
@@ -168,7 +175,7 @@ TP_BWD_X1_CSR = KernelSignature(
 TP_BWD_CSR = KernelSignature(
     "tp_bwd_csr",
     args=(*_BWD_TENSORS, "srowptr_ptr", "perm_ptr", "recv_ptr", *_BWD_ROWS, *_CHANNELS),
-    constexprs=("W_INDEX", "W_ROWS", "W_SLOPE", "NEED_G2", "NEED_GW", "REDUCE_G2", "PREFETCH", "SPLITS", "BLOCK_F", "DT"),
+    constexprs=("W_INDEX", "W_ROWS", "W_SLOPE", "W_TABLE", "NEED_G2", "NEED_GW", "REDUCE_G2", "PREFETCH", "SPLITS", "BLOCK_F", "DT"),
 )
 
 # Fused double backward (codegen_double.generate_double_backward_source, its own module per
