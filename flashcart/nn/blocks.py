@@ -19,8 +19,8 @@ from ..cartesian import EquivariantLinear, TensorProduct, WeightRows, WeightSlop
 from ..cartesian._backend import resolve_backend
 from ..cartesian._frozen import frozen_derived, parameters_of
 from ..cartesian._layout import layout_width
-from .radial import MLP
 from ..cartesian._weight_table import table_geometry
+from .radial import MLP
 from .radial_table import table_kernel_enabled, table_slopes_enabled, table_weights, table_weights_and_slopes
 
 __all__ = ["Interaction", "Gate", "ProductBlock", "RMSNorm", "invariant_forms", "rank_channel_index"]
