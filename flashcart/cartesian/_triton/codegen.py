@@ -18,7 +18,10 @@ symmetry, path reduction) holds three kernels:
 
 With ``W_SLOPE`` the two kernels that produce the weights' gradient contract it instead with the
 weights' slopes ``dw/dt`` (weights that are a function of one variable per row, such as tabulated
-radial MLPs) and write one scalar per edge or weight row, the gradient of ``t``.
+radial MLPs) and write one scalar per edge or weight row, the gradient of ``t``. With ``W_TABLE``
+the four first-order kernels read the weights as a cubic table of ``t`` instead
+(:mod:`flashcart.cartesian._weight_table`): per edge the interval of ``t``, its coefficients, the
+cubic where the weights are read and (``W_SLOPE``) its derivative where the gradient is contracted.
 
 Parameter lists come from ``signatures`` (shared with the launcher in ``ops.py``, which passes
 every argument by name). Inputs with one channel are broadcast by a zero channel stride; gradients are produced

@@ -12,6 +12,9 @@ Ops (namespace ``flashcart``):
   need_w)`` with ``graph = (receivers, senders, rowptr, perm, srowptr, widx, wrows)``; the tensor product's double backward is
   ``tp_dbwd`` (``double_backward.py``: fused kernels, used when the double backward is not
   itself differentiated) or a composition of ``tp_fwd``/``tp_bwd`` (differentiable again).
+* ``tp_fwd_tabulated(x1, x2, t, w, ws, *graph, key)`` and ``tp_fwd_table(x1, x2, t, table, geometry,
+  *graph, key)``: weights that are a function of one variable ``t`` per row, given as values and
+  slopes or as a cubic table evaluated in the kernels; first derivatives (to ``t``) only.
 * ``expansion_fwd(u, l_max)``, ``expansion_vjp(u, g, l_max)``, ``expansion_second(u, g, v, l_max)``.
 * ``lin_fwd(x, w, table, key)``, ``lin_bwd_x(gy, w, table, key)``, ``lin_bwd_w(gy, x, table, key)``
   (``table``: the layer's launch table, see ``flashcart.cartesian._linear_spec``).
