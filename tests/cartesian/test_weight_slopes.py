@@ -66,8 +66,7 @@ def test_slopes_in_the_kernels_equal_autograd_through_the_slopes(variant, F, dev
     tri = TensorProduct(2, 3, 3, F, 1, backend="triton")
     need_x1 = "no input-1" not in variant
     cot = torch.randn(N_NODES, ref.out_width, dtype=w.dtype, generator=torch.Generator().manual_seed(12)).to(device)
-    results = []
-    for fn in (
+    assert_same_results(
         lambda a, b, s: ref(
             a,
             b,
@@ -76,17 +75,27 @@ def test_slopes_in_the_kernels_equal_autograd_through_the_slopes(variant, F, dev
             senders,
         ),
         lambda a, b, s: tri(a, b, w, receivers, senders, None, rows, WeightSlopes(ws, s)),
-    ):
-        a, b, s = x1.clone().requires_grad_(need_x1), x2.clone().requires_grad_(), t.clone().requires_grad_()
+        (x1, x2, t),
+        need_x1,
+        cot,
+    )
+
+
+def assert_same_results(reference, tested, inputs, need_x1: bool, cot):
+    """``tested(x1, x2, t)`` equals ``reference`` (float64, 1e-12): the output, and the gradients
+    (of ``cot``) of input 1 (with ``need_x1``), input 2 and ``t``, each nonzero."""
+    results = []
+    for fn in (reference, tested):
+        a, b, s = (x.clone().requires_grad_(need) for x, need in zip(inputs, (need_x1, True, True)))
         out = fn(a, b, s)
-        inputs = (a, b, s) if need_x1 else (b, s)
-        results.append((out, torch.autograd.grad(out, inputs, cot)))
+        results.append((out, torch.autograd.grad(out, (a, b, s) if need_x1 else (b, s), cot)))
     (out_ref, grads_ref), (out, grads) = results
     assert_close(out, out_ref, 1e-12, "forward")
     names = ["input 1", "input 2", "t"][3 - len(grads) :]
     for g, g_ref, name in zip(grads, grads_ref, names):
         assert g_ref.abs().max() > 0, name
         assert_close(g, g_ref, 1e-12, f"gradient of {name}")
+    return grads
 
 
 @pytest.mark.parametrize("device", DEVICES)

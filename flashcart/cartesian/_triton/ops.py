@@ -12,9 +12,9 @@ Ops (namespace ``flashcart``):
   need_w)`` with ``graph = (receivers, senders, rowptr, perm, srowptr, widx, wrows)``; the tensor product's double backward is
   ``tp_dbwd`` (``double_backward.py``: fused kernels, used when the double backward is not
   itself differentiated) or a composition of ``tp_fwd``/``tp_bwd`` (differentiable again).
-* ``tp_fwd_tabulated(x1, x2, t, w, ws, *graph, key)`` and ``tp_fwd_table(x1, x2, t, table, geometry,
-  *graph, key)``: weights that are a function of one variable ``t`` per row, given as values and
-  slopes or as a cubic table evaluated in the kernels; first derivatives (to ``t``) only.
+* ``tp_fwd_tabulated(x1, x2, t, w, ws, geometry, *graph, key)``: weights that are a function of one
+  variable ``t`` per row, given as values and slopes, or (``geometry`` given) as a cubic table the
+  kernels evaluate; first derivatives (to ``t``) only.
 * ``expansion_fwd(u, l_max)``, ``expansion_vjp(u, g, l_max)``, ``expansion_second(u, g, v, l_max)``.
 * ``lin_fwd(x, w, table, key)``, ``lin_bwd_x(gy, w, table, key)``, ``lin_bwd_w(gy, x, table, key)``
   (``table``: the layer's launch table, see ``flashcart.cartesian._linear_spec``).
@@ -152,8 +152,8 @@ def _tp_fwd_impl(
     key: str,
     table: Optional[_Table] = None,
 ) -> Tensor:
-    """The product's forward launch (``tp_fwd``, shared by :func:`tp_fwd`, :func:`tp_fwd_tabulated`
-    and :func:`tp_fwd_table`; ``table`` given: ``w`` is a cubic table, ``W_TABLE``)."""
+    """The product's forward launch (``tp_fwd``, shared by :func:`tp_fwd` and :func:`tp_fwd_tabulated`;
+    ``table`` given: ``w`` is a cubic table, ``W_TABLE``)."""
     spec, f1, f2, F = _tp_shapes(key, x1, x2)
     conv = rowptr is not None
     rows = x1.shape[0] if conv else x2.shape[0]
@@ -224,10 +224,10 @@ def tp_bwd(
 
 
 def _tp_bwd_impl(go, x1, x2, w, ws, receivers, senders, perm, srowptr, widx, wrows, key, need_x1, need_x2, need_w, table=None):
-    """The product's backward launches (shared by :func:`tp_bwd`, :func:`tp_bwd_tabulated` and
-    :func:`tp_bwd_table`). ``ws`` given (``W_SLOPE``): ``w = w(t)`` with ``dw/dt = ws``, and the
-    third result is the gradient of ``t`` instead of ``w``'s: ``[R]`` per weight row with ``widx``
-    (summed in the kernels, or here over each row's listed edges), else ``[rows]``. ``table``
+    """The product's backward launches (shared by :func:`tp_bwd` and :func:`tp_bwd_tabulated`).
+    ``ws`` given (``W_SLOPE``): ``w = w(t)`` with ``dw/dt = ws``, and the third result is the
+    gradient of ``t`` instead of ``w``'s: ``[R]`` per weight row with ``widx`` (summed in the
+    kernels, or here over each row's listed edges), else ``[rows]``. ``table``
     given: ``w`` is a cubic table of ``table.t`` (``W_TABLE``), whose slopes the kernels evaluate
     (``ws`` unused), and the third result is ``t``'s gradient likewise."""
     spec, f1, f2, F = _tp_shapes(key, x1, x2)
@@ -590,11 +590,17 @@ tp_bwd.register_autograd(_tp_bwd_backward, setup_context=_tp_bwd_setup)
 # ---------------------------------------------------------------------------------------
 # weights that are a function of one variable per row (tabulated radial MLPs)
 # ---------------------------------------------------------------------------------------
-# ``w = w(t)`` per weight row, with the values ``w`` and slopes ``ws = dw/dt`` given as constants:
-# the forward is ``tp_fwd``'s; the backward contracts each edge's weight gradient with ``ws`` in
-# the kernels (``W_SLOPE``) and returns ``t``'s gradient, so the weights' gradient ``[R, W]`` is
-# never written, zeroed or read back. First derivatives only: the slopes' own derivative is not
-# given, so a second derivative through ``t`` is refused.
+# ``w = w(t)`` per weight row, given as constants in one of two ways: the values ``w [R, W]`` and
+# slopes ``ws = dw/dt``; or (``geometry`` given, ``ws`` None) a cubic table ``w [K, 4, W]`` of ``t``
+# that the kernels evaluate (``W_TABLE``, :mod:`flashcart.cartesian._weight_table`). The forward is
+# ``tp_fwd``'s; the backward contracts each edge's weight gradient with the slopes in the kernels
+# (``W_SLOPE``) and returns ``t``'s gradient, so no weights' gradient ``[R, W]`` is written, zeroed
+# or read back. First derivatives only: the slopes' own derivative is not given, so a second
+# derivative through ``t`` is refused.
+
+
+def _tabulated(t: Tensor, geometry: Optional[Tensor]) -> Optional[_Table]:
+    return None if geometry is None else _Table(t.contiguous(), geometry.contiguous())
 
 
 @kernel_op("flashcart::tp_fwd_tabulated")
@@ -603,7 +609,8 @@ def tp_fwd_tabulated(
     x2: Tensor,
     t: Tensor,
     w: Tensor,
-    ws: Tensor,
+    ws: Optional[Tensor],
+    geometry: Optional[Tensor],
     receivers: Optional[Tensor],
     senders: Optional[Tensor],
     rowptr: Optional[Tensor],
@@ -613,11 +620,11 @@ def tp_fwd_tabulated(
     wrows: Optional[Tensor],
     key: str,
 ) -> Tensor:
-    return _tp_fwd_impl(x1, x2, w, rowptr, senders, widx, key)
+    return _tp_fwd_impl(x1, x2, w, rowptr, senders, widx, key, _tabulated(t, geometry))
 
 
 @tp_fwd_tabulated.register_fake
-def _(x1, x2, t, w, ws, receivers, senders, rowptr, perm, srowptr, widx, wrows, key):
+def _(x1, x2, t, w, ws, geometry, receivers, senders, rowptr, perm, srowptr, widx, wrows, key):
     spec, _, _, F = _tp_shapes(key, x1, x2)
     return x2.new_empty(x1.shape[0], spec.n_out_blocks * F)
 
@@ -627,8 +634,10 @@ def tp_bwd_tabulated(
     go: Tensor,
     x1: Tensor,
     x2: Tensor,
+    t: Tensor,
     w: Tensor,
-    ws: Tensor,
+    ws: Optional[Tensor],
+    geometry: Optional[Tensor],
     receivers: Optional[Tensor],
     senders: Optional[Tensor],
     rowptr: Optional[Tensor],
@@ -641,30 +650,31 @@ def tp_bwd_tabulated(
     need_x2: bool,
     need_t: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    return _tp_bwd_impl(go, x1, x2, w, ws, receivers, senders, perm, srowptr, widx, wrows, key, need_x1, need_x2, need_t)
+    table = _tabulated(t, geometry)
+    return _tp_bwd_impl(go, x1, x2, w, ws, receivers, senders, perm, srowptr, widx, wrows, key, need_x1, need_x2, need_t, table)
 
 
 @tp_bwd_tabulated.register_fake
-def _(go, x1, x2, w, ws, receivers, senders, rowptr, perm, srowptr, widx, wrows, key, need_x1, need_x2, need_t):
+def _(go, x1, x2, t, w, ws, geometry, receivers, senders, rowptr, perm, srowptr, widx, wrows, key, need_x1, need_x2, need_t):
     return (
         x1.new_empty(x1.shape) if need_x1 else x1.new_empty(0),
         x2.new_empty(x2.shape) if need_x2 else x2.new_empty(0),
-        w.new_empty(w.shape[0] if widx is not None else x2.shape[0]) if need_t else w.new_empty(0),
+        t.new_empty(t.shape[0] if widx is not None else x2.shape[0]) if need_t else t.new_empty(0),
     )
 
 
 def _tab_setup(ctx, inputs, output):
-    x1, x2, t, w, ws, *graph, key = inputs
+    *operands, key = inputs
     ctx.key = key
-    ctx.save_for_backward(x1, x2, w, ws, *graph)
+    ctx.save_for_backward(*operands)
 
 
 def _tab_backward(ctx, go):
-    x1, x2, w, ws, *graph = ctx.saved_tensors
+    x1, x2, t, w, ws, geometry, *graph = ctx.saved_tensors
     need = _engine_needs(ctx, 3)  # x1, x2, t
-    grads = [None] * (6 + _GRAPH)
+    grads = [None] * (7 + _GRAPH)
     if any(need):
-        g1, g2, gt = tp_bwd_tabulated(go, x1, x2, w, ws, *graph, ctx.key, need[0], need[1], need[2])
+        g1, g2, gt = tp_bwd_tabulated(go, x1, x2, t, w, ws, geometry, *graph, ctx.key, need[0], need[1], need[2])
         grads[:3] = [g1 if need[0] else None, g2 if need[1] else None, gt if need[2] else None]
     return tuple(grads)
 
@@ -684,89 +694,6 @@ def _tab_bwd_backward(ctx, *grads):
 
 tp_fwd_tabulated.register_autograd(_tab_backward, setup_context=_tab_setup)
 tp_bwd_tabulated.register_autograd(_tab_bwd_backward, setup_context=_tab_bwd_setup)
-
-
-# The same with the weights evaluated in the kernels from a cubic table of ``t`` (``W_TABLE``,
-# :mod:`flashcart.cartesian._weight_table`): ``table [K, 4, W]`` and ``geometry [2]`` replace
-# ``w`` and ``ws``, so neither ``[R, W]`` tensor is written or read.
-
-
-@kernel_op("flashcart::tp_fwd_table")
-def tp_fwd_table(
-    x1: Tensor,
-    x2: Tensor,
-    t: Tensor,
-    table: Tensor,
-    geometry: Tensor,
-    receivers: Optional[Tensor],
-    senders: Optional[Tensor],
-    rowptr: Optional[Tensor],
-    perm: Optional[Tensor],
-    srowptr: Optional[Tensor],
-    widx: Optional[Tensor],
-    wrows: Optional[Tensor],
-    key: str,
-) -> Tensor:
-    return _tp_fwd_impl(x1, x2, table, rowptr, senders, widx, key, _Table(t.contiguous(), geometry.contiguous()))
-
-
-@tp_fwd_table.register_fake
-def _(x1, x2, t, table, geometry, receivers, senders, rowptr, perm, srowptr, widx, wrows, key):
-    spec, _, _, F = _tp_shapes(key, x1, x2)
-    return x2.new_empty(x1.shape[0], spec.n_out_blocks * F)
-
-
-@kernel_op("flashcart::tp_bwd_table")
-def tp_bwd_table(
-    go: Tensor,
-    x1: Tensor,
-    x2: Tensor,
-    t: Tensor,
-    table: Tensor,
-    geometry: Tensor,
-    receivers: Optional[Tensor],
-    senders: Optional[Tensor],
-    rowptr: Optional[Tensor],
-    perm: Optional[Tensor],
-    srowptr: Optional[Tensor],
-    widx: Optional[Tensor],
-    wrows: Optional[Tensor],
-    key: str,
-    need_x1: bool,
-    need_x2: bool,
-    need_t: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    tab = _Table(t.contiguous(), geometry.contiguous())
-    return _tp_bwd_impl(go, x1, x2, table, None, receivers, senders, perm, srowptr, widx, wrows, key, need_x1, need_x2, need_t, tab)
-
-
-@tp_bwd_table.register_fake
-def _(go, x1, x2, t, table, geometry, receivers, senders, rowptr, perm, srowptr, widx, wrows, key, need_x1, need_x2, need_t):
-    return (
-        x1.new_empty(x1.shape) if need_x1 else x1.new_empty(0),
-        x2.new_empty(x2.shape) if need_x2 else x2.new_empty(0),
-        t.new_empty(t.shape[0] if widx is not None else x2.shape[0]) if need_t else t.new_empty(0),
-    )
-
-
-def _table_setup(ctx, inputs, output):
-    x1, x2, t, table, geometry, *graph, key = inputs
-    ctx.key = key
-    ctx.save_for_backward(x1, x2, t, table, geometry, *graph)
-
-
-def _table_backward(ctx, go):
-    x1, x2, t, table, geometry, *graph = ctx.saved_tensors
-    need = _engine_needs(ctx, 3)  # x1, x2, t
-    grads = [None] * (6 + _GRAPH)
-    if any(need):
-        g1, g2, gt = tp_bwd_table(go, x1, x2, t, table, geometry, *graph, ctx.key, need[0], need[1], need[2])
-        grads[:3] = [g1 if need[0] else None, g2 if need[1] else None, gt if need[2] else None]
-    return tuple(grads)
-
-
-tp_fwd_table.register_autograd(_table_backward, setup_context=_table_setup)
-tp_bwd_table.register_autograd(_tab_bwd_backward, setup_context=_tab_bwd_setup)
 
 
 # One program covers every channel of an edge when the backward contracts the weights' gradient
@@ -790,14 +717,14 @@ def tensor_product(
     slopes ``ws`` (:class:`~flashcart.cartesian.WeightSlopes`); convolutions contract the weights'
     gradient with the slopes in the backward kernels (``tp_fwd_tabulated``). ``w`` a
     :class:`~flashcart.cartesian.WeightTable`: convolutions evaluate the table in their kernels
-    (``tp_fwd_table``); other products take its weights and slopes (``_weight_table.evaluate``)."""
+    (``tp_fwd_tabulated`` with its ``geometry``); other products take its weights and slopes (``_weight_table.evaluate``)."""
     key = product_key(tp.in1_l_max, tp.in2_l_max, tp.out_l_max, tp.symmetric, tp.reduce_paths)
     if isinstance(w, WeightTable):
         if receivers is not None and tp.out_features <= TABULATED_MAX_CHANNELS:
             rowptr, perm, srowptr = csr if csr is not None else edge_csr(receivers, senders, x1.shape[0])
             widx, wrows = weight_rows if weight_rows is not None else (None, None)
             table, geometry, t = w
-            return tp_fwd_table(x1, x2, t, table, geometry, receivers, senders, rowptr, perm, srowptr, widx, wrows, key)
+            return tp_fwd_tabulated(x1, x2, t, table, None, geometry, receivers, senders, rowptr, perm, srowptr, widx, wrows, key)
         w, weight_slopes = evaluate_weight_table(w)
     fused_slopes = weight_slopes is not None and receivers is not None and tp.out_features <= TABULATED_MAX_CHANNELS
     if weight_slopes is not None and not fused_slopes:
@@ -808,7 +735,7 @@ def tensor_product(
     widx, wrows = weight_rows if weight_rows is not None else (None, None)
     if fused_slopes:
         ws, t = weight_slopes
-        return tp_fwd_tabulated(x1, x2, t, w, ws, receivers, senders, rowptr, perm, srowptr, widx, wrows, key)
+        return tp_fwd_tabulated(x1, x2, t, w, ws, None, receivers, senders, rowptr, perm, srowptr, widx, wrows, key)
     return tp_fwd(x1, x2, w, receivers, senders, rowptr, perm, srowptr, widx, wrows, key)
 
 
