@@ -175,6 +175,10 @@
 #   tablekernel one GPU: the products evaluating the radial tables in their kernels (FLASHCART_TABLE_KERNEL): GPU
 #            parity, the profiler's reduce-overhead force call with 4096-interval tables, kernel 1 and 0 (a process each),
 #            then the compiled call's kernel list with the table in the kernels (about 9.5 minutes)
+#   tablenext one GPU, the next session's first call: GPU parity of the tabulated weights after the op pair was merged
+#            (tp_fwd_tabulated with a table's geometry), then the reduce-overhead force call with the table in the kernels,
+#            FLASHCART_FUSED_CSR_BACKWARD 1 and 0 (the second convolution's tp_bwd_csr spills 256 bytes with a table;
+#            the two-kernel backward does not spill), a process each (about 9.5 minutes)
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -1045,8 +1049,10 @@ steptrain)
   ;;
 h200next)
   # the README's H200 figures after the layout and the fusion barrier: the profiler's reduce-overhead force call with
-  # tables and with the MLPs, the force call and the trainer's step in one process, the eager force call (about 7 minutes)
-  for k in 4096 0; do profile_run S reduce-overhead inference 110 profile_radial_table=$k; done > "$out/profile_compiled.log" 2>&1
+  # tables and with the MLPs, the force call and the trainer's step in one process, the eager force call (about 7 minutes;
+  # the first run compiles the kernels cold: 170 s, 110 s was too short for the table in the kernels on 2026-12-06)
+  profile_run S reduce-overhead inference 170 profile_radial_table=4096 > "$out/profile_compiled.log" 2>&1
+  profile_run S reduce-overhead inference 110 profile_radial_table=0 >> "$out/profile_compiled.log" 2>&1
   timeout 200 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond --calls reduce-overhead \
     --training --setting pair --rounds 7 --calls-per-round 20 > "$out/calls_training.log" 2>&1
   profile_run S eager inference 60 > "$out/profile_eager.log" 2>&1
@@ -1146,6 +1152,14 @@ tablekernel)
   done > "$out/profile_tablekernel.log" 2>&1
   timeout 130 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases inference --compile-mode default \
     --repeat 5 --rows 40 --radial-table 4096 > "$out/kernels_tables.log" 2>&1
+  ;;
+tablenext)
+  gpu_tests 0 "tests/cartesian/test_weight_table.py tests/cartesian/test_weight_slopes.py:260" \
+    "tests/model/test_gpu_model.py::test_radial_tables_on_gpu_compiled_and_eager:180" > "$out/tests.log" 2>&1
+  for v in 1 0 1; do
+    echo "FLASHCART_FUSED_CSR_BACKWARD=$v"
+    (export FLASHCART_FUSED_CSR_BACKWARD=$v; profile_run S reduce-overhead inference 100 profile_radial_table=4096)
+  done > "$out/profile_csr.log" 2>&1
   ;;
 slopesquick)
   # part slopes in less device time: the model's GPU test with tables (slopes against autograd, compiled and eager), the

@@ -79,6 +79,7 @@ def _variants(dbwd_only: bool):
                 dict(CONV=True, NEED_G1=False, NEED_G2=True, NEED_GW=True, REDUCE_G2=True, W_INDEX=True, W_ROWS=True, W_SLOPE=True),
             ),
             ("product", TP_FWD, "tp_fwd conv, pipelined, table", dict(CONV=True, PIPELINE=True, W_TABLE=True)),
+            ("product", TP_BWD_X1_CSR, "tp_bwd_x1_csr, table", dict(W_TABLE=True)),
             (
                 "product",
                 TP_BWD_CSR,
