@@ -176,9 +176,11 @@
 #            parity, the profiler's reduce-overhead force call with 4096-interval tables, kernel 1 and 0 (a process each),
 #            then the compiled call's kernel list with the table in the kernels (about 9.5 minutes)
 #   tablenext one GPU, the next session's first call: GPU parity of the tabulated weights after the op pair was merged
-#            (tp_fwd_tabulated with a table's geometry), then the reduce-overhead force call with the table in the kernels,
-#            FLASHCART_FUSED_CSR_BACKWARD 1 and 0 (the second convolution's tp_bwd_csr spills 256 bytes with a table;
-#            the two-kernel backward does not spill), a process each (about 9.5 minutes)
+#            (tp_fwd_tabulated with a table's geometry) and of the static lists (FLASHCART_STATIC_LIST=1) in
+#            reduce-overhead calls whose lists change (about 8 minutes)
+#   staticab one GPU, after tablenext: the profiler's reduce-overhead force call with the table in the kernels,
+#            FLASHCART_STATIC_LIST 1, 0, 1, then FLASHCART_FUSED_CSR_BACKWARD=0 (the second convolution's tp_bwd_csr
+#            spills 256 bytes with a table; the two-kernel backward does not), a process each (about 7 minutes)
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -1154,12 +1156,16 @@ tablekernel)
     --repeat 5 --rows 40 --radial-table 4096 > "$out/kernels_tables.log" 2>&1
   ;;
 tablenext)
-  gpu_tests 0 "tests/cartesian/test_weight_table.py tests/cartesian/test_weight_slopes.py:260" \
-    "tests/model/test_gpu_model.py::test_radial_tables_on_gpu_compiled_and_eager:180" > "$out/tests.log" 2>&1
+  gpu_tests 0 "tests/cartesian/test_weight_table.py tests/cartesian/test_weight_slopes.py:250" \
+    "tests/model/test_gpu_model.py::test_radial_tables_on_gpu_compiled_and_eager tests/model/test_gpu_model.py::test_static_lists_in_reduce_overhead_calls:220" \
+    > "$out/tests.log" 2>&1
+  ;;
+staticab)
   for v in 1 0 1; do
-    echo "FLASHCART_FUSED_CSR_BACKWARD=$v"
-    (export FLASHCART_FUSED_CSR_BACKWARD=$v; profile_run S reduce-overhead inference 100 profile_radial_table=4096)
-  done > "$out/profile_csr.log" 2>&1
+    echo "FLASHCART_STATIC_LIST=$v"; (export FLASHCART_STATIC_LIST=$v; profile_run S reduce-overhead inference 150 profile_radial_table=4096)
+  done > "$out/profile_static.log" 2>&1
+  echo "FLASHCART_FUSED_CSR_BACKWARD=0" >> "$out/profile_static.log"
+  (export FLASHCART_FUSED_CSR_BACKWARD=0; profile_run S reduce-overhead inference 100 profile_radial_table=4096) >> "$out/profile_static.log" 2>&1
   ;;
 slopesquick)
   # part slopes in less device time: the model's GPU test with tables (slopes against autograd, compiled and eager), the

@@ -32,8 +32,12 @@ import torch
 from .._env import env_switch
 from ..data.batch import Batch
 from ..nn import edge_layout as _edge_layout
+from . import static_buffers as _static_buffers
 
 __all__ = ["Predictor", "energy_forces_stress", "Capacities", "frozen_parameters", "CUDA_GRAPH_MODES"]
+
+# The padded batch's neighbour-list tensors that a call reads (static_buffers).
+_LIST_INPUTS = ("types", "cell", "shifts", "receivers", "senders", "batch", "edge_batch")
 
 # torch.compile modes that replay CUDA graphs (they need CUDA tensors).
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
@@ -267,8 +271,16 @@ class Predictor:
                 stress=b.stress,
             )
         out = self._pad(b, n, e, g)
+        if self._static_list(out):  # the list's tensors at the previous list's addresses
+            previous = hit[2] if hit is not None else None
+            out = replace(out, **{k: _static_buffers.keep_addresses(getattr(previous, k, None), getattr(out, k)) for k in _LIST_INPUTS})
         self._pad_cache = (graph, (cap.atoms, cap.edges, cap.graphs), out)
         return out
+
+    def _static_list(self, b: Batch) -> bool:
+        """Whether padded lists keep their tensors at fixed addresses (:mod:`.static_buffers`,
+        ``FLASHCART_STATIC_LIST``): compiled CUDA-graph calls on CUDA tensors."""
+        return _static_buffers.STATIC_LIST and self.pad and self.compile and self.compile_mode in CUDA_GRAPH_MODES and b.positions.is_cuda
 
     def _layout(self, b: Batch, n_real_edges: int) -> Any:
         """The :class:`~flashcart.nn.edge_layout.EdgeLayout` of ``b``'s neighbour list (the model's
@@ -286,6 +298,8 @@ class Predictor:
         if hit is not None and all(x is y for x, y in zip(hit[0], listed)) and hit[1] == versions and hit[2] == key:
             return hit[3]
         layout = make(*listed, n_real_edges, b.positions.shape[0], compiled=self.compile, where="the batch's neighbour list")
+        if self._static_list(b):
+            layout = _static_buffers.keep_addresses(hit[3] if hit is not None else None, layout)
         self._layout_cache = (listed, versions, key, layout)
         return layout
 
