@@ -1161,11 +1161,30 @@ tablenext)
     > "$out/tests.log" 2>&1
   ;;
 staticab)
-  for v in 1 0 1; do
-    echo "FLASHCART_STATIC_LIST=$v"; (export FLASHCART_STATIC_LIST=$v; profile_run S reduce-overhead inference 150 profile_radial_table=4096)
+  # static lists on and off, each with the one-pass backward and with the two-kernel backward (no spill with a table)
+  for v in "1 1" "0 1" "1 0" "0 0"; do
+    set -- $v
+    echo "FLASHCART_STATIC_LIST=$1 FLASHCART_FUSED_CSR_BACKWARD=$2"
+    (export FLASHCART_STATIC_LIST=$1 FLASHCART_FUSED_CSR_BACKWARD=$2; profile_run S reduce-overhead inference 150 profile_radial_table=4096)
   done > "$out/profile_static.log" 2>&1
-  echo "FLASHCART_FUSED_CSR_BACKWARD=0" >> "$out/profile_static.log"
-  (export FLASHCART_FUSED_CSR_BACKWARD=0; profile_run S reduce-overhead inference 100 profile_radial_table=4096) >> "$out/profile_static.log" 2>&1
+  ;;
+afternoon1)
+  # one call (<= 10 min) on a short budget: the tables' GPU parity after the op merge, the static lists' GPU test, then the
+  # static lists' A/B with the one-pass backward; afternoon2 has the two-kernel backward and the kernel list
+  gpu_tests 0 "tests/cartesian/test_weight_table.py tests/model/test_gpu_model.py::test_radial_tables_on_gpu_compiled_and_eager tests/model/test_gpu_model.py::test_static_lists_in_reduce_overhead_calls:290" \
+    > "$out/tests.log" 2>&1
+  for v in 1 0; do
+    echo "FLASHCART_STATIC_LIST=$v"; (export FLASHCART_STATIC_LIST=$v; profile_run S reduce-overhead inference 130 profile_radial_table=4096)
+  done > "$out/profile_static.log" 2>&1
+  ;;
+afternoon2)
+  for v in "1 0" "0 0" "1 1"; do
+    set -- $v
+    echo "FLASHCART_STATIC_LIST=$1 FLASHCART_FUSED_CSR_BACKWARD=$2"
+    (export FLASHCART_STATIC_LIST=$1 FLASHCART_FUSED_CSR_BACKWARD=$2; profile_run S reduce-overhead inference 130 profile_radial_table=4096)
+  done > "$out/profile_bwd.log" 2>&1
+  timeout 150 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases inference --compile-mode default \
+    --repeat 5 --rows 80 --radial-table 4096 > "$out/kernels_tables.log" 2>&1
   ;;
 slopesquick)
   # part slopes in less device time: the model's GPU test with tables (slopes against autograd, compiled and eager), the
