@@ -430,6 +430,7 @@ prebound)
   # serial and GPU-only times per call; the host's busiest functions): i2c3f20l2r with tables, unpadded as the profiler
   # runs it, then padded (as the engine runs it) with and without static lists (FLASHCART_STATIC_LIST applies to padded
   # Predictors only: afternoon1's profiler A/B ran unpadded), then with the MLPs
+  gpu_tests 0 "tests/test_profiler.py::test_host_gpu_split_on_cuda:60" > "$out/tests.log" 2>&1
   timeout 230 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096 --cprofile 20 > "$out/bound_S_table.log" 2>&1
   for v in 1 0; do
     FLASHCART_STATIC_LIST=$v timeout 90 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096 --pad \

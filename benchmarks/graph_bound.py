@@ -8,13 +8,10 @@ on the profiler's setting (an unpadded :class:`~flashcart.model.Predictor`, para
 energy and forces, float32, TF32 off), median over ``--rounds`` rounds, warm-up excluded:
 
 * ``pipelined``: calls back to back, one synchronisation (the profiler's s/run);
-* ``host``: the same loop's time up to its last call's return, before the synchronisation
-  (the host's issue time per call, where nothing in a call waits on the GPU);
 * ``serial``: each call synchronised (host and GPU one after the other);
-* ``gpu``: the GPU's time per call alone: a long ``torch.cuda._sleep`` first holds the GPU
-  while the host issues the calls behind it, then CUDA events around the calls time them
-  back to back, without waiting on the host (``--sleep-ms`` must exceed the host's issue time
-  of the calls, which the script checks).
+* ``host`` and ``gpu``: :func:`flashcart.profiling.host_and_gpu_time`, the host's issue time per
+  call and the GPU's time per call alone (the calls queued behind a sleep kernel, timed by CUDA
+  events), which ``flashcart-profile`` prints as its ``[host-gpu]`` lines.
 
 ``--pad`` times a padded Predictor instead, as the simulation engine runs one (the one
 ``FLASHCART_STATIC_LIST`` applies to). ``--cprofile N`` adds the host's busiest functions over N calls (cProfile, own time).
@@ -42,38 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import flashcart.model.static_buffers as static_buffers  # noqa: E402
 from benchmarks.kernel_profile import build, model_arguments  # noqa: E402
 from flashcart.model.predictor import Predictor  # noqa: E402
-
-_CYCLES_PER_MS: list[float] = []
-
-
-def _cycles_per_ms() -> float:
-    """The sleep kernel's cycles per millisecond, measured once (a 10**7-cycle sleep timed by events)."""
-    if not _CYCLES_PER_MS:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        torch.cuda._sleep(10**7)
-        end.record()
-        torch.cuda.synchronize()
-        _CYCLES_PER_MS.append(10**7 / start.elapsed_time(end))
-    return _CYCLES_PER_MS[0]
-
-
-def gpu_ms_per_call(call, calls: int, sleep_ms: float) -> tuple[float, float]:
-    """``(GPU ms per call, host ms to issue the calls)`` with the GPU held by a sleep kernel
-    while the host issues ``calls`` calls, timed by CUDA events between the calls' first and
-    last kernels."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    torch.cuda._sleep(int(sleep_ms * _cycles_per_ms()))
-    t0 = time.perf_counter()
-    start.record()
-    for _ in range(calls):
-        call()
-    end.record()
-    issued = (time.perf_counter() - t0) * 1e3
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / calls, issued
+from flashcart.profiling import host_and_gpu_time  # noqa: E402
 
 
 def main() -> None:
@@ -82,7 +48,6 @@ def main() -> None:
     parser.add_argument("--compile-mode", default="reduce-overhead", choices=["default", "reduce-overhead", "eager"])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls", type=int, default=20, help="calls per round")
-    parser.add_argument("--sleep-ms", type=float, default=100.0, help="the GPU's hold before the gpu rounds (ms)")
     parser.add_argument(
         "--pad",
         action="store_true",
@@ -108,7 +73,8 @@ def main() -> None:
     def call() -> None:
         predictor(batch, forces=True)
 
-    times: dict[str, list[float]] = {"pipelined": [], "host": [], "serial": [], "gpu": [], "gpu rounds' issue": []}
+    times: dict[str, list[float]] = {"pipelined": [], "host": [], "serial": [], "gpu": []}
+    waits = 0
     with predictor.frozen():
         t0 = time.perf_counter()
         for _ in range(5):
@@ -120,24 +86,24 @@ def main() -> None:
             t0 = time.perf_counter()
             for _ in range(args.calls):
                 call()
-            issued = time.perf_counter()
             torch.cuda.synchronize()
-            done = time.perf_counter()
-            times["pipelined"].append((done - t0) / args.calls * 1e3)
-            times["host"].append((issued - t0) / args.calls * 1e3)
+            times["pipelined"].append((time.perf_counter() - t0) / args.calls * 1e3)
             t0 = time.perf_counter()
             for _ in range(args.calls):
                 call()
                 torch.cuda.synchronize()
             times["serial"].append((time.perf_counter() - t0) / args.calls * 1e3)
-            gpu, issue = gpu_ms_per_call(call, args.calls, args.sleep_ms)
-            times["gpu"].append(gpu)
-            times["gpu rounds' issue"].append(issue)
+            host, gpu = host_and_gpu_time(call, args.calls, device)
+            times["host"].append(host * 1e3)
+            if gpu is None:
+                waits += 1
+            else:
+                times["gpu"].append(gpu * 1e3)
         for name, t in times.items():
-            unit = "ms (all calls)" if name == "gpu rounds' issue" else "ms/call"
-            print(f"[time] {name:<18} median {statistics.median(t):8.3f} {unit}   min {min(t):8.3f}   max {max(t):8.3f}")
-        if max(times["gpu rounds' issue"]) >= args.sleep_ms:
-            print(f"[warning] issuing a gpu round took longer than the {args.sleep_ms} ms sleep: its gpu time includes host waits")
+            if t:
+                print(f"[time] {name:<10} median {statistics.median(t):8.3f} ms/call   min {min(t):8.3f}   max {max(t):8.3f}")
+        if waits:
+            print(f"[warning] in {waits} of {args.rounds} rounds a call waited for the GPU: no GPU-alone time")
         if args.cprofile:
             prof = cProfile.Profile()
             torch.cuda.synchronize()

@@ -25,7 +25,7 @@ from .training.losses import loss_value, required_properties
 from .training.trainer import infer_elements
 from .utils.device import resolve_device
 
-__all__ = ["profile", "FLASHCART_OPS"]
+__all__ = ["profile", "FLASHCART_OPS", "host_and_gpu_time"]
 
 # Profiler event names that belong to FlashCart (custom ops and generated Triton kernels).
 FLASHCART_OPS = ("flashcart::", "tp_fwd", "tp_bwd", "expansion_", "grouped_matmul", "lin_")
@@ -71,6 +71,71 @@ def _time(fn: Callable[[], None], warmup: int, repeat: int, device) -> float:
 def time_per_call(fn: Callable[[], None], repeat: int, device, warmup: int = 3) -> float:
     """Seconds per call of ``fn``: ``warmup`` untimed calls, then ``repeat`` timed ones, synchronised."""
     return _time(fn, warmup, repeat, device) / repeat
+
+
+_SLEEP_CYCLES_PER_MS: dict[int, float] = {}
+
+
+def _sleep_cycles_per_ms(device: torch.device) -> float:
+    """Cycles per millisecond of ``torch.cuda._sleep`` on ``device``: a 10**7-cycle sleep timed by
+    CUDA events, once per device and process."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SLEEP_CYCLES_PER_MS:
+        with torch.cuda.device(index):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            torch.cuda._sleep(10**7)
+            end.record()
+            torch.cuda.synchronize()
+            _SLEEP_CYCLES_PER_MS[index] = 10**7 / max(start.elapsed_time(end), 1e-3)
+    return _SLEEP_CYCLES_PER_MS[index]
+
+
+def host_and_gpu_time(fn: Callable[[], None], repeat: int, device) -> tuple[float, float | None]:
+    """Which side bounds back-to-back calls of ``fn`` on a CUDA ``device``: ``(host, gpu)`` in
+    seconds per call, after one untimed call.
+
+    ``host``: ``repeat`` calls issued back to back, timed from the first call to the last one's
+    return, before synchronising (the host's issue time; the GPU runs behind it). ``gpu``: the
+    same calls queued behind a sleep kernel that holds the GPU until the host has issued them all,
+    timed by CUDA events around them, so the host's gaps between calls do not count (the GPU's own
+    time per call). ``gpu`` is ``None`` when issuing the calls outlasted the sleep: a call waited
+    for the GPU (a synchronisation inside it), and the two sides cannot be told apart. The time of
+    calls issued back to back and synchronised once (:func:`time_per_call`) is about the larger of
+    the two.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"host_and_gpu_time times CUDA calls, got device {device}")
+    fn()
+    torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(repeat):
+        fn()
+    host = time.perf_counter() - t0
+    torch.cuda.synchronize(device)
+    sleep_ms = 2e3 * host + 10.0
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.device(device):
+        torch.cuda._sleep(int(sleep_ms * _sleep_cycles_per_ms(device)))
+        t0 = time.perf_counter()
+        start.record()
+        for _ in range(repeat):
+            fn()
+        end.record()
+        issued_ms = (time.perf_counter() - t0) * 1e3
+        torch.cuda.synchronize(device)
+    gpu = start.elapsed_time(end) * 1e-3 / repeat if issued_ms < sleep_ms else None
+    return host / repeat, gpu
+
+
+def _host_gpu_line(label: str, fn: Callable[[], None], repeat: int, device) -> str:
+    """The ``[host-gpu]`` line of a phase: :func:`host_and_gpu_time` and the side that bounds it."""
+    host, gpu = host_and_gpu_time(fn, repeat, device)
+    if gpu is None:
+        return f"[host-gpu] {label}: host issue {host:.6f} s/run, GPU alone n/a (a call waits for the GPU)"
+    return f"[host-gpu] {label}: host issue {host:.6f} s/run, GPU alone {gpu:.6f} s/run ({'host' if host > gpu else 'GPU'}-bound)"
 
 
 def _op_tables(fn: Callable[[], None], label: str, cfg: dict[str, Any], device, out: Callable[[str], None]) -> None:
@@ -162,6 +227,8 @@ def profile(cfg: dict[str, Any], progress: bool = True, out: Callable[[str], Non
         total = _time(inference, cfg["profile_warmup"], cfg["profile_repeat"], device)
         results["inference"] = total / cfg["profile_repeat"]
         out(f"[timer] inference fwd+bwd: {total:.6f} s total, {results['inference']:.6f} s/run")
+        if device.type == "cuda":
+            out(_host_gpu_line("inference", inference, cfg["profile_repeat"], device))
         _op_tables(inference, "inference", cfg, device, out)
         if device.type == "cuda":
             out(f"[cuda] peak allocated during inference: {torch.cuda.max_memory_allocated(device) / 2**20:.1f} MiB")
@@ -208,6 +275,8 @@ def profile(cfg: dict[str, Any], progress: bool = True, out: Callable[[str], Non
         total = _time(lambda: step(False), 0, cfg["profile_repeat"], device)
         results["training"] = total / cfg["profile_repeat"]
         out(f"[timer] training fwd+bwd+dbwd: {total:.6f} s total, {results['training']:.6f} s/run")
+        if device.type == "cuda":
+            out(_host_gpu_line("training", lambda: step(False), cfg["profile_repeat"], device))
         _op_tables(lambda: step(False), "training", cfg, device, out)
         if device.type == "cuda":
             out(f"[cuda] peak allocated during training: {torch.cuda.max_memory_allocated(device) / 2**20:.1f} MiB")

@@ -121,3 +121,38 @@ def test_compiled_prediction(data, capsys):
     # dynamo captured the prediction as a graph (without graph breaks) and AOT autograd compiled it
     assert counters["stats"]["unique_graphs"] >= 1 and counters["aot_autograd"]["ok"] >= 1, dict(counters)
     assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+def test_host_gpu_split_is_for_cuda_calls(data, capsys):
+    """``host_and_gpu_time`` refuses a CPU device by name, and CPU runs print no ``[host-gpu]`` line."""
+    from flashcart.profiling import host_and_gpu_time
+
+    with pytest.raises(ValueError, match="CUDA calls, got device cpu"):
+        host_and_gpu_time(lambda: None, 2, "cpu")
+    assert "[host-gpu]" not in run(data, capsys, "profile_phase=inference", "profile_repeat=1", "profile_warmup=0")
+
+
+@pytest.mark.gpu
+def test_host_gpu_split_on_cuda():
+    """On CUDA: a call whose GPU work outlasts its issue reads as GPU time (the GPU-alone time of
+    a chain of large products exceeds its issue time), and a call that synchronises inside has no
+    GPU-alone time (``None``)."""
+    from flashcart.profiling import host_and_gpu_time
+
+    a = torch.randn(4096, 4096, device="cuda")
+
+    def products():
+        b = a
+        for _ in range(8):
+            b = b @ a
+        b.sum()
+
+    host, gpu = host_and_gpu_time(products, 5, "cuda")
+    assert host > 0 and gpu is not None and gpu > host
+
+    def synchronising():
+        products()
+        torch.cuda.synchronize()
+
+    host, gpu = host_and_gpu_time(synchronising, 3, "cuda")
+    assert host > 0 and gpu is None
