@@ -425,7 +425,11 @@ last)
   (md_graph water 135 "rebuild captured with the step"; md_graph diamond 135 "rebuild captured with the step") > "$out/md_last.log" 2>&1
   wait
   ;;
-prebound)
+prehostgpu)
+  # the [host-gpu] measurement's GPU test alone (no kernels to compile: fits a short budget)
+  gpu_tests 0 "tests/test_profiler.py::test_host_gpu_split_on_cuda:90" > "$out/tests.log" 2>&1
+  ;;
+bound)
   # is the reduce-overhead force call bound by the GPU or the host? (benchmarks/graph_bound.py: pipelined, host issue,
   # serial and GPU-only times per call; the host's busiest functions): i2c3f20l2r with tables, unpadded as the profiler
   # runs it, then padded (as the engine runs it) with and without static lists (FLASHCART_STATIC_LIST applies to padded
