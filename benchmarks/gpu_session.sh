@@ -425,7 +425,18 @@ last)
   (md_graph water 135 "rebuild captured with the step"; md_graph diamond 135 "rebuild captured with the step") > "$out/md_last.log" 2>&1
   wait
   ;;
-prehostgpu)
+prenormforms)
+  # FLASHCART_NORM_FORMS: the RMS norm's invariants as quadratic forms in inductor's kernels in compiled calls, instead of
+  # a symmetric product launch each way (4 norms in i2c3f20l2r: 8 product launches). GPU test, then graph_bound A/B/A
+  # (tables, unpadded as the profiler), then the kernel list with the forms
+  gpu_tests 0 "tests/model/test_gpu_model.py::test_norm_forms_in_compiled_calls_on_gpu:200" > "$out/tests.log" 2>&1
+  for v in 1 0 1; do
+    FLASHCART_NORM_FORMS=$v timeout 120 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096
+  done > "$out/bound_forms.log" 2>&1
+  FLASHCART_NORM_FORMS=1 timeout 120 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases inference \
+    --compile-mode default --repeat 5 --rows 80 --radial-table 4096 > "$out/kernels_forms.log" 2>&1
+  ;;
+hostgpu)
   # the [host-gpu] measurement's GPU test alone (no kernels to compile: fits a short budget)
   gpu_tests 0 "tests/test_profiler.py::test_host_gpu_split_on_cuda:90" > "$out/tests.log" 2>&1
   ;;

@@ -15,10 +15,12 @@ import math
 
 import torch
 
+from .._env import env_switch
 from ..cartesian import EquivariantLinear, TensorProduct, WeightRows, WeightSlopes, WeightTable
 from ..cartesian._backend import resolve_backend
 from ..cartesian._frozen import frozen_derived, parameters_of
 from ..cartesian._layout import layout_width
+from ..cartesian._quadratic_invariants import quadratic_invariants
 from ..cartesian._weight_table import table_geometry
 from .radial import MLP
 from .radial_table import table_kernel_enabled, table_slopes_enabled, table_weights, table_weights_and_slopes
@@ -29,6 +31,19 @@ _ACTIVATIONS = {"sigmoid": torch.sigmoid, "silu": torch.nn.functional.silu, "tan
 # FLASHCART_TABLE_SLOPES and FLASHCART_TABLE_KERNEL, read at import (tests and benchmarks flip the attributes)
 _TABLE_SLOPES = table_slopes_enabled()
 _TABLE_KERNEL = table_kernel_enabled()
+
+
+def norm_forms_mode() -> bool:
+    """``FLASHCART_NORM_FORMS``: ``1`` evaluates the RMS norm's invariants in compiled calls on the
+    Triton path as quadratic forms in ATen operations (:func:`~flashcart.cartesian._quadratic_invariants.quadratic_invariants`),
+    which inductor fuses with the norm's mean, root and scaling, instead of a symmetric
+    tensor-product launch each way; ``0`` (default, until timed on a GPU) keeps the product.
+    Anything else is an error naming the variable."""
+    return env_switch("FLASHCART_NORM_FORMS", default=False)
+
+
+# read at import (tests and benchmarks flip the attribute)
+_NORM_FORMS = norm_forms_mode()
 
 
 def _fused_rowwise(x: torch.Tensor, backend: str):
@@ -87,7 +102,9 @@ class RMSNorm(torch.nn.Module):
     features with themselves: per rank a quadratic form ``x_lf^T G_l x_lf`` (``forms``, see
     :func:`invariant_forms`), which eager calls on the Triton path evaluate inside one row-wise
     kernel with the scale and gains (:mod:`flashcart.cartesian._triton.rowwise`); other calls
-    run the product and the ATen expression. Optional learnable gains, one per rank and channel
+    run the product and the ATen expression; compiled ones on the Triton path with
+    ``FLASHCART_NORM_FORMS=1`` the quadratic forms in ATen operations (:func:`norm_forms_mode`).
+    Optional learnable gains, one per rank and channel
     (``gains[l]: [F]``). ``forward(x: [n, W]) -> [n, W]``.
     """
 
@@ -114,7 +131,10 @@ class RMSNorm(torch.nn.Module):
         if fused is not None:  # eager Triton path: invariants, scale and gains in one kernel each way
             gains = self._gains("gains", lambda g: torch.cat(g)) if self.gains is not None else None
             return fused.rms_norm(x, self.forms, gains, self.eps, self.l_max, self.F)
-        inv = self.invariants(x, x, self.ones.to(x.dtype))  # [n, (l_max+1) * F]
+        if _NORM_FORMS and torch.compiler.is_compiling() and resolve_backend(self.invariants.backend, x) == "triton":
+            inv = quadratic_invariants(x, self.forms, self.l_max, self.F)  # [n, (l_max+1) * F]
+        else:
+            inv = self.invariants(x, x, self.ones.to(x.dtype))
         scale = torch.rsqrt(inv.mean(dim=1, keepdim=True).abs() + self.eps)
         y = x * scale
         if self.gains is not None:

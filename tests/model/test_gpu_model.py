@@ -55,6 +55,40 @@ def test_compiled_equals_eager_on_gpu(mode):
             assert_close(out[k], eager[k], 1e-10, k)
 
 
+def test_norm_forms_in_compiled_calls_on_gpu(monkeypatch):
+    """FLASHCART_NORM_FORMS=1: reduce-overhead calls with the RMS norm's invariants as quadratic
+    forms in ATen operations (inductor's kernels) == eager calls with the fused row-wise norm
+    (float64, 1e-10: energy, forces, stress), and a compiled training step's parameter gradients
+    == eager ones (1e-9)."""
+    import flashcart.nn.blocks as blocks
+
+    monkeypatch.setattr(blocks, "_NORM_FORMS", True)
+    torch._dynamo.reset()
+    _, tri = _pair()
+    batch = as_batch(tri, [molecule(0), crystal()]).to("cuda")
+    compiled = Predictor(tri, compile=True, compile_mode="reduce-overhead")
+    for _ in range(3):
+        out = compiled(batch, stress=True)
+    eager = Predictor(tri)(batch, stress=True)
+    for k in eager:
+        assert_close(out[k], eager[k], 1e-10, k)
+    params = [p for p in tri.parameters() if p.requires_grad]
+
+    def loss(pred, targets, atoms, graphs):
+        forces = torch.where(atoms[:, None], pred["forces"], torch.zeros_like(pred["forces"]))
+        return (forces**2).sum()
+
+    batch.energy = torch.zeros(batch.n_graphs, dtype=torch.float64, device="cuda")
+    batch.forces = torch.zeros_like(batch.positions)
+    for _ in range(2):
+        _, grads = compiled.loss_and_grads(batch, loss, params)
+    pred = Predictor(tri)(batch, create_graph=True)
+    reference = torch.autograd.grad((pred["forces"] ** 2).sum(), params, allow_unused=True)
+    for a, b in zip(grads, reference):
+        if b is not None:
+            assert_close(a, b, 1e-9, "parameter gradient")
+
+
 @pytest.mark.parametrize("kernel", [True, False], ids=["table in kernels", "weights and slopes"])
 def test_radial_tables_on_gpu_compiled_and_eager(monkeypatch, kernel):
     """Tabulated radial MLPs on CUDA (flashcart.nn.radial_table): eager Triton calls with

@@ -36,6 +36,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .. import _frozen
+from .._quadratic_invariants import quadratic_invariants as invariants
 from .common import kernel_constants, next_pow2
 from .signatures import launch_kernel
 
@@ -266,18 +267,6 @@ def _rms_backward(gy, x, forms, gains, stats, l_max: int, F: int) -> Tensor:
 def _column_index(l_max: int, F: int, device) -> Tensor:
     """``[W]``: column -> ``l F + f`` (the (rank, channel) it belongs to)."""
     return torch.cat([l * F + torch.arange(F, device=device).repeat(2 * l + 1) for l in range(l_max + 1)])
-
-
-def invariants(x: Tensor, forms: Tensor, l_max: int, F: int) -> Tensor:
-    """``[n, (l_max+1) F]``: ``I_lf = x_lf^T G_l x_lf`` per rank and channel as ATen operations
-    (differentiable); ``forms`` holds the ranks' ``(2l+1)^2`` forms ``G_l``, rank after rank."""
-    out, off = [], 0
-    for l in range(l_max + 1):
-        d = 2 * l + 1
-        x_l = x[:, l * l * F : (l + 1) ** 2 * F].reshape(-1, d, F)
-        out.append((x_l * torch.einsum("ij,njf->nif", forms[off : off + d * d].view(d, d), x_l)).sum(1))
-        off += d * d
-    return torch.cat(out, dim=1)
 
 
 def rms_norm_reference(x: Tensor, forms: Tensor, gains: Tensor | None, eps: float, l_max: int, F: int) -> Tensor:
