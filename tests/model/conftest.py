@@ -18,6 +18,21 @@ def model():
     return m
 
 
+def triton_tiny_model() -> FlashCartPotential:
+    """TINY_MODEL at 4 channels in float64 with perturbed parameters, whose products run their
+    Triton kernels (interpreted on the CPU) and the rest as it is."""
+    from flashcart.cartesian import TensorProduct
+
+    torch.manual_seed(0)
+    m = FlashCartPotential(["H", "C", "O", "Cu"], avg_neighbors=5.0, use_triton=True, **{**TINY_MODEL, "n_hidden_feats": 4}).double()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    for tp in (mod for mod in m.modules() if isinstance(mod, TensorProduct)):
+        tp.backend = "triton"
+    return m
+
+
 def molecule(seed=0):
     g = torch.Generator().manual_seed(seed)
     pos = torch.randn(6, 3, generator=g, dtype=torch.float64) * 1.2

@@ -9,13 +9,12 @@ import math
 import pytest
 import torch
 
-from flashcart.cartesian import TensorProduct
 from flashcart.model import Predictor
 from flashcart.model.potential import FlashCartPotential
 from flashcart.nn.radial_table import cubic_table, table_weights, table_weights_and_slopes
 from flashcart.testing import TINY_MODEL, assert_close
 
-from .conftest import crystal, molecule
+from .conftest import crystal, molecule, triton_tiny_model
 
 R_MAX = TINY_MODEL["r_max"]
 
@@ -204,13 +203,7 @@ def test_slopes_in_the_products_kernels_equal_autograd_through_the_tables(make_b
     monkeypatch.setattr(blocks, "_TABLE_KERNEL", kernel)
 
     torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = FlashCartPotential(["H", "C", "O", "Cu"], avg_neighbors=5.0, use_triton=True, **{**TINY_MODEL, "n_hidden_feats": 4}).double()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    for tp in (m for m in model.modules() if isinstance(m, TensorProduct)):
-        tp.backend = "triton"  # the products' kernels (interpreted on the CPU), the rest as it is
+    model = triton_tiny_model()
     model.radial_pairs = pairs
     model.set_radial_tables(64)
     batch = make_batch(model, [molecule(3), crystal()])

@@ -5,13 +5,12 @@ import pytest
 import torch
 
 import flashcart.nn.blocks as blocks
-from flashcart.cartesian import TensorProduct
 from flashcart.cartesian._quadratic_invariants import quadratic_invariants
-from flashcart.model import FlashCartPotential, Predictor
+from flashcart.model import Predictor
 from flashcart.nn.blocks import RMSNorm, norm_forms_mode
-from flashcart.testing import TINY_MODEL, assert_close
+from flashcart.testing import assert_close
 
-from ..model.conftest import as_batch, crystal, molecule
+from ..model.conftest import as_batch, crystal, molecule, triton_tiny_model
 
 
 @pytest.mark.parametrize("l_max", [0, 1, 2, 3])
@@ -33,17 +32,6 @@ def test_quadratic_forms_equal_the_symmetric_product(l_max):
         assert_close(a, b, 1e-13, what)
 
 
-def _triton_model():
-    torch.manual_seed(0)
-    model = FlashCartPotential(["H", "C", "O", "Cu"], avg_neighbors=5.0, use_triton=True, **{**TINY_MODEL, "n_hidden_feats": 4}).double()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    for tp in (m for m in model.modules() if isinstance(m, TensorProduct)):
-        tp.backend = "triton"  # the products' kernels (interpreted on the CPU), the rest as it is
-    return model
-
-
 def _traced_ops(model, batch, **call) -> tuple[list, dict]:
     """The call targets of a compiled call's traced graph, and its results."""
     ops = []
@@ -61,7 +49,7 @@ def test_compiled_calls_with_the_forms_equal_eager_ones(monkeypatch):
     fused row-wise norm: energy, forces and stress (float64, 1e-11); a compiled training step's
     parameter gradients (forces with create_graph, a second derivative through the forms) ==
     eager ones; and the traced graph holds one symmetric product fewer per norm."""
-    model = _triton_model()
+    model = triton_tiny_model()
     batch = as_batch(model, [molecule(1), crystal()])
     norms = sum(isinstance(m, RMSNorm) for m in model.modules())
     assert norms >= 2
