@@ -181,6 +181,10 @@
 #   staticab one GPU, after tablenext: the profiler's reduce-overhead force call with the table in the kernels,
 #            FLASHCART_STATIC_LIST 1, 0, 1, then FLASHCART_FUSED_CSR_BACKWARD=0 (the second convolution's tp_bwd_csr
 #            spills 256 bytes with a table; the two-kernel backward does not), a process each (about 7 minutes)
+#   night1   one GPU: the host/GPU split's GPU test; graph_bound.py with tables, FLASHCART_NORM_FORMS 0 (with the host's
+#            cProfile) and 1; padded with FLASHCART_STATIC_LIST=1 (about 8 minutes)
+#   night2   one GPU, after night1: the norm forms' GPU test, their A/B tail (0, 1), padded without static lists, the
+#            kernel list with the forms (about 8 minutes)
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -1219,6 +1223,28 @@ eveningtests)
   # model, compiled and eager, and the static lists in reduce-overhead calls
   gpu_tests 0 "tests/model/test_gpu_model.py::test_static_lists_in_reduce_overhead_calls tests/model/test_gpu_model.py::test_radial_tables_on_gpu_compiled_and_eager:560" \
     > "$out/tests.log" 2>&1
+  ;;
+night1)
+  # 2026-12-06 night, first call: the host/GPU split's GPU test; graph_bound (tables, unpadded as the profiler) with the
+  # norm forms off (with the host's cProfile) and on; padded with static lists (the second call has them off)
+  gpu_tests 0 "tests/test_profiler.py::test_host_gpu_split_on_cuda:60" > "$out/tests.log" 2>&1
+  FLASHCART_NORM_FORMS=0 timeout 190 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096 \
+    --cprofile 20 > "$out/bound_forms0.log" 2>&1
+  FLASHCART_NORM_FORMS=1 timeout 110 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096 \
+    > "$out/bound_forms1.log" 2>&1
+  FLASHCART_STATIC_LIST=1 timeout 100 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096 --pad \
+    > "$out/bound_pad_static1.log" 2>&1
+  ;;
+night2)
+  # second call: the forms' GPU test; the forms' A/B/A tail (0 then 1), the padded call without static lists, the kernels
+  gpu_tests 0 "tests/model/test_gpu_model.py::test_norm_forms_in_compiled_calls_on_gpu:200" > "$out/tests.log" 2>&1
+  for v in 0 1; do
+    FLASHCART_NORM_FORMS=$v timeout 80 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096
+  done > "$out/bound_forms_ab.log" 2>&1
+  FLASHCART_STATIC_LIST=0 timeout 90 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096 --pad \
+    > "$out/bound_pad_static0.log" 2>&1
+  FLASHCART_NORM_FORMS=1 timeout 90 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases inference \
+    --compile-mode default --repeat 5 --rows 80 --radial-table 4096 > "$out/kernels_forms.log" 2>&1
   ;;
 slopesquick)
   # part slopes in less device time: the model's GPU test with tables (slopes against autograd, compiled and eager), the
