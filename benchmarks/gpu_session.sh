@@ -185,6 +185,7 @@
 #            cProfile) and 1; padded with FLASHCART_STATIC_LIST=1 (about 8 minutes)
 #   night2   one GPU, after night1: the norm forms' GPU test, their A/B tail (0, 1), padded without static lists, the
 #            kernel list with the forms (about 8 minutes)
+#   h200night one GPU, an H200: the profiler's reduce-overhead force call with tables, then night1's graph_bound runs
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
 # Usage, from the repository root, with .whl carried (carry: [".whl"]; without it nothing imports ase): bash benchmarks/gpu_session.sh OUT PART
@@ -1233,6 +1234,17 @@ night1)
   FLASHCART_NORM_FORMS=1 timeout 110 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096 \
     > "$out/bound_forms1.log" 2>&1
   FLASHCART_STATIC_LIST=1 timeout 100 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096 --pad \
+    > "$out/bound_pad_static1.log" 2>&1
+  ;;
+h200night)
+  # on an H200 (the issue's machine; the tables' call has not run on one): the profiler's reduce-overhead force call with
+  # 4096-interval tables (cold compile), then part night1's graph_bound runs with the kernels cached
+  profile_run S reduce-overhead inference 170 profile_radial_table=4096 > "$out/profile_compiled.log" 2>&1
+  FLASHCART_NORM_FORMS=0 timeout 130 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096 \
+    --cprofile 20 > "$out/bound_forms0.log" 2>&1
+  FLASHCART_NORM_FORMS=1 timeout 100 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096 \
+    > "$out/bound_forms1.log" 2>&1
+  FLASHCART_STATIC_LIST=1 timeout 90 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096 --pad \
     > "$out/bound_pad_static1.log" 2>&1
   ;;
 night2)
