@@ -184,7 +184,7 @@
 #   night1   one GPU: the host/GPU split's GPU test; graph_bound.py with tables, FLASHCART_NORM_FORMS 0 (with the host's
 #            cProfile) and 1; padded with FLASHCART_STATIC_LIST=1 (about 8 minutes)
 #   night2   one GPU, after night1: the norm forms' GPU test, their A/B tail (0, 1), padded without static lists, the
-#            kernel list with the forms (about 8 minutes)
+#            kernel list with the forms, the calls without dynamo's guards (about 9 minutes)
 #   h200night one GPU, an H200: the profiler's reduce-overhead force call with tables, then night1's graph_bound runs
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
@@ -1255,6 +1255,7 @@ night2)
   done > "$out/bound_forms_ab.log" 2>&1
   FLASHCART_STATIC_LIST=0 timeout 90 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096 --pad \
     > "$out/bound_pad_static0.log" 2>&1
+  timeout 80 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096 --skip-guards > "$out/bound_noguards.log" 2>&1
   FLASHCART_NORM_FORMS=1 timeout 90 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases inference \
     --compile-mode default --repeat 5 --rows 80 --radial-table 4096 > "$out/kernels_forms.log" 2>&1
   ;;

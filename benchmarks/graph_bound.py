@@ -14,7 +14,8 @@ energy and forces, float32, TF32 off), median over ``--rounds`` rounds, warm-up 
   events), which ``flashcart-profile`` prints as its ``[host-gpu]`` lines.
 
 ``--pad`` times a padded Predictor instead, as the simulation engine runs one (the one
-``FLASHCART_STATIC_LIST`` applies to). ``--cprofile N`` adds the host's busiest functions over N calls (cProfile, own time).
+``FLASHCART_STATIC_LIST`` applies to). ``--cprofile N`` adds the host's busiest functions over N calls (cProfile, own time);
+``--skip-guards`` times the calls with dynamo's guards not evaluated (what they cost the host).
 
 Example::
 
@@ -24,6 +25,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import pstats
@@ -55,6 +57,11 @@ def main() -> None:
         help="a padded Predictor (FLASHCART_STATIC_LIST applies to these), not the profiler's unpadded one",
     )
     parser.add_argument("--cprofile", type=int, default=0, metavar="N", help="then N calls under cProfile")
+    parser.add_argument(
+        "--skip-guards",
+        action="store_true",
+        help="after warm-up, calls under set_stance(skip_guard_eval_unsafe=True): what dynamo's guards cost the host",
+    )
     args = parser.parse_args()
     if args.device != "cuda":
         parser.error("graph_bound.py measures CUDA calls: --device cuda")
@@ -83,6 +90,11 @@ def main() -> None:
             call()
         torch.cuda.synchronize()
         print(f"[warm-up] {time.perf_counter() - t0:.0f} s (compilation included)")
+        stance = contextlib.nullcontext()
+        if args.skip_guards:
+            stance = torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
+            print("[stance] skip_guard_eval_unsafe=True: guards not evaluated after warm-up")
+        stance.__enter__()
         for _ in range(args.rounds):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -118,6 +130,7 @@ def main() -> None:
             pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
             print(f"[cprofile] {args.cprofile} calls, by own time")
             print(text.getvalue())
+        stance.__exit__(None, None, None)
 
 
 if __name__ == "__main__":
