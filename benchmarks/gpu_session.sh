@@ -181,8 +181,8 @@
 #   staticab one GPU, after tablenext: the profiler's reduce-overhead force call with the table in the kernels,
 #            FLASHCART_STATIC_LIST 1, 0, 1, then FLASHCART_FUSED_CSR_BACKWARD=0 (the second convolution's tp_bwd_csr
 #            spills 256 bytes with a table; the two-kernel backward does not), a process each (about 7 minutes)
-#   one      one GPU: night1 and night2 cut to one call (graph_bound forms 0/1, the forms' GPU test, padded static 1/0,
-#            the host/GPU split's GPU test; about 9.5 minutes)
+#   one      one GPU: night1 and night2 cut to one call: graph_bound unpadded (forms 0 static 0 with a cProfile, static 1,
+#            forms 1), the GPU tests of static lists and forms, the host/GPU split's GPU test (about 9.5 minutes)
 #   night1   one GPU: the host/GPU split's GPU test; graph_bound.py with tables, FLASHCART_NORM_FORMS 0 (with the host's
 #            cProfile) and 1; padded with FLASHCART_STATIC_LIST=1 (about 8 minutes)
 #   night2   one GPU, after night1: the norm forms' GPU test, their A/B tail (0, 1), padded without static lists, the
@@ -1229,18 +1229,18 @@ eveningtests)
   ;;
 one)
   # parts night1 and night2 cut to one call (a session with little device time): graph_bound with tables, unpadded as the
-  # profiler (its "pipelined" line is the profiler's s/run), norm forms 0 (with the host's cProfile) then 1; the forms'
-  # GPU test; padded with static lists 1 then 0; the host/GPU split's GPU test. Each log is written as it runs.
-  FLASHCART_NORM_FORMS=0 timeout 200 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096 \
-    --cprofile 20 > "$out/bound_forms0.log" 2>&1
-  FLASHCART_NORM_FORMS=1 timeout 100 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096 \
-    > "$out/bound_forms1.log" 2>&1
-  gpu_tests 0 "tests/model/test_gpu_model.py::test_norm_forms_in_compiled_calls_on_gpu:150" > "$out/tests_forms.log" 2>&1
-  for v in 1 0; do
-    FLASHCART_STATIC_LIST=$v timeout 80 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096 --pad \
-      > "$out/bound_pad_static$v.log" 2>&1
-  done
-  gpu_tests 0 "tests/test_profiler.py::test_host_gpu_split_on_cuda:60" > "$out/tests_hostgpu.log" 2>&1
+  # profiler (its "pipelined" line is the profiler's s/run): norm forms 0 and static lists 0 (with the host's cProfile),
+  # then static lists 1 (unpadded static lists: the Predictor's copies of the list at fixed addresses), then forms 1; the
+  # GPU tests of static lists (padded, unpadded) and of the forms; the host/GPU split's GPU test. Logs written as they run.
+  FLASHCART_NORM_FORMS=0 FLASHCART_STATIC_LIST=0 timeout 190 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r \
+    --radial-table 4096 --cprofile 10 > "$out/bound_forms0_static0.log" 2>&1
+  FLASHCART_NORM_FORMS=0 FLASHCART_STATIC_LIST=1 timeout 90 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r \
+    --radial-table 4096 > "$out/bound_forms0_static1.log" 2>&1
+  FLASHCART_NORM_FORMS=1 FLASHCART_STATIC_LIST=0 timeout 90 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r \
+    --radial-table 4096 > "$out/bound_forms1_static0.log" 2>&1
+  gpu_tests 0 "tests/model/test_gpu_model.py::test_static_lists_in_reduce_overhead_calls tests/model/test_gpu_model.py::test_norm_forms_in_compiled_calls_on_gpu:170" \
+    > "$out/tests_model.log" 2>&1
+  gpu_tests 0 "tests/test_profiler.py::test_host_gpu_split_on_cuda:50" > "$out/tests_hostgpu.log" 2>&1
   ;;
 night1)
   # 2026-12-06 night, first call: the host/GPU split's GPU test; graph_bound (tables, unpadded as the profiler) with the

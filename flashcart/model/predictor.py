@@ -207,6 +207,7 @@ class Predictor:
         self._compiled: dict[tuple, Callable] = {}
         self._pad_cache: tuple | None = None  # (graph tensors, capacities, padded batch)
         self._layout_cache: tuple | None = None  # (list tensors, their versions, key, EdgeLayout)
+        self._kept_cache: tuple | None = None  # unpadded static lists: (caller's list tensors, versions, copies)
         self._parameters = list(model.parameters())
         self._warned_cpu_mode = False
 
@@ -278,9 +279,25 @@ class Predictor:
         return out
 
     def _static_list(self, b: Batch) -> bool:
-        """Whether padded lists keep their tensors at fixed addresses (:mod:`.static_buffers`,
+        """Whether lists keep their tensors at fixed addresses (:mod:`.static_buffers`,
         ``FLASHCART_STATIC_LIST``): compiled CUDA-graph calls on CUDA tensors."""
-        return _static_buffers.STATIC_LIST and self.pad and self.compile and self.compile_mode in CUDA_GRAPH_MODES and b.positions.is_cuda
+        return _static_buffers.STATIC_LIST and self.compile and self.compile_mode in CUDA_GRAPH_MODES and b.positions.is_cuda
+
+    def _kept_list(self, b: Batch) -> Batch:
+        """Unpadded static lists: ``b`` with its list's tensors (``_LIST_INPUTS``) replaced by this
+        Predictor's copies at fixed addresses (:func:`.static_buffers.keep_addresses` with
+        ``owned=False``). While the caller passes the very same unchanged list tensors, the copies
+        are reused as they are; a new list is written into them (same shapes) or copied anew."""
+        listed = tuple(getattr(b, k) for k in _LIST_INPUTS)
+        versions = tuple(t._version for t in listed)
+        hit = self._kept_cache
+        if hit is not None and all(x is y for x, y in zip(hit[0], listed)) and hit[1] == versions:
+            kept = hit[2]
+        else:
+            previous = hit[2] if hit is not None else {}
+            kept = {k: _static_buffers.keep_addresses(previous.get(k), t, owned=False) for k, t in zip(_LIST_INPUTS, listed)}
+            self._kept_cache = (listed, versions, kept)
+        return replace(b, **kept)
 
     def _layout(self, b: Batch, n_real_edges: int) -> Any:
         """The :class:`~flashcart.nn.edge_layout.EdgeLayout` of ``b``'s neighbour list (the model's
@@ -379,9 +396,13 @@ class Predictor:
         )
 
     def _prepared(self, batch: Batch) -> tuple[Batch, Any]:
-        """``(batch padded (with pad) or itself, its list's EdgeLayout or None)`` (:meth:`_layout`)."""
+        """``(batch padded (with pad), with its list at fixed addresses (unpadded, static lists:
+        :meth:`_kept_list`) or itself, its list's EdgeLayout or None)`` (:meth:`_layout`)."""
         n_edges = batch.receivers.shape[0]
-        b = self.padded(batch) if self.pad else batch
+        if self.pad:
+            b = self.padded(batch)
+        else:
+            b = self._kept_list(batch) if self._static_list(batch) else batch
         return b, self._layout(b, n_edges)
 
     def _function(self, forces: bool, stress: bool, create_graph: bool, device_type: str) -> Callable:

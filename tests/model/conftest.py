@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 import torch
 from ase import Atoms
@@ -48,6 +50,18 @@ def crystal():
 def as_batch(model, atoms_list):
     structures = [structure_from_atoms(a, model.r_max, where=f"test {k}", require_labels=False) for k, a in enumerate(atoms_list)]
     return collate(structures, model.z_to_type).to(dtype=torch.float64)
+
+
+def permuted_edges(batch, seed: int):
+    """``batch`` with its edges in another order: a different list of the same shapes."""
+    order = torch.randperm(batch.receivers.shape[0], generator=torch.Generator().manual_seed(seed)).to(batch.receivers.device)
+    return replace(
+        batch,
+        receivers=batch.receivers[order],
+        senders=batch.senders[order],
+        shifts=batch.shifts[order],
+        edge_batch=batch.edge_batch[order],
+    )
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from flashcart.model.potential import FlashCartPotential
 from flashcart.model.predictor import Predictor
 from flashcart.testing import TINY_MODEL, assert_close
 
-from .conftest import as_batch, crystal, molecule
+from .conftest import as_batch, crystal, molecule, permuted_edges
 
 pytestmark = pytest.mark.gpu
 
@@ -120,24 +120,29 @@ def test_radial_tables_on_gpu_compiled_and_eager(monkeypatch, kernel):
         assert_close(eager[k], through_autograd[k], 1e-12, f"slopes in the kernels against autograd: {k}")
 
 
-def test_static_lists_in_reduce_overhead_calls(monkeypatch):
+@pytest.mark.parametrize("pad", [True, False], ids=["padded", "unpadded"])
+def test_static_lists_in_reduce_overhead_calls(monkeypatch, pad):
     """FLASHCART_STATIC_LIST=1 (flashcart.model.static_buffers): a reduce-overhead Predictor keeps
-    each padded list and its layout at fixed addresses, the CUDA graph reads them in place, and
-    lists that change (A, B, A, B; the same capacities) give the eager results (float64, 1e-10)."""
+    each list (padded: the padded list; unpadded: a copy of the caller's) and its layout at fixed
+    addresses, the CUDA graph reads them in place, and lists that change (A, A, B, A, B; the same
+    capacities, or for unpadded calls B is A's edges in another order) give the eager results
+    (float64, 1e-10)."""
     import flashcart.model.static_buffers as static_buffers
 
     torch._dynamo.reset()
     monkeypatch.setattr(static_buffers, "STATIC_LIST", True)
     _, tri = _pair()
-    batches = {"A": as_batch(tri, [molecule(1), crystal()]).to("cuda"), "B": as_batch(tri, [molecule(2), molecule(3)]).to("cuda")}
-    compiled = Predictor(tri, compile=True, compile_mode="reduce-overhead", pad_atom_multiple=32, pad_edge_multiple=256)
+    a = as_batch(tri, [molecule(1), crystal()]).to("cuda")
+    b = as_batch(tri, [molecule(2), molecule(3)]).to("cuda") if pad else permuted_edges(a, 0)
+    batches = {"A": a, "B": b}
+    compiled = Predictor(tri, compile=True, compile_mode="reduce-overhead", pad=pad, pad_atom_multiple=32, pad_edge_multiple=256)
     eager = {k: Predictor(tri)(b, stress=True) for k, b in batches.items()}
     addresses = set()
     for name in "AABAB":
         out = compiled(batches[name], stress=True)
         for k in out:
             assert_close(out[k], eager[name][k], 1e-10, f"list {name}: {k}")
-        padded, layout = compiled._prepared(batches[name])
-        assert compiled._static_list(padded)
-        addresses.add((padded.receivers.data_ptr(), padded.shifts.data_ptr(), layout.perm.data_ptr()))
+        kept, layout = compiled._prepared(batches[name])
+        assert compiled._static_list(kept) and (pad or kept.receivers is not batches[name].receivers)
+        addresses.add((kept.receivers.data_ptr(), kept.shifts.data_ptr(), layout.perm.data_ptr()))
     assert len(addresses) == 1

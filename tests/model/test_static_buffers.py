@@ -13,7 +13,7 @@ from flashcart.nn.edge_layout import EdgeLayout
 from flashcart.nn.edge_pairs import EdgePairs
 from flashcart.testing import assert_close
 
-from .conftest import crystal, molecule
+from .conftest import crystal, molecule, permuted_edges
 
 
 def _layout(seed: int, n: int = 5, e: int = 8) -> EdgeLayout:
@@ -61,6 +61,39 @@ def test_a_predictor_with_static_lists_equals_one_without(model, make_batch, mon
         padded, layout = static._prepared(batches[name])
         addresses.add((padded.receivers.data_ptr(), padded.shifts.data_ptr(), layout.perm.data_ptr() if layout else None))
     assert len(addresses) == 1
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_an_unpadded_predictor_with_static_lists_equals_one_without(model, make_batch, monkeypatch, compiled):
+    """Unpadded (the profiler's Predictor): lists A, A, B, A, C in turn, where B is A's edges in
+    another order (the same shapes) and C another structure. Each call equals a plain Predictor's;
+    A and B share one set of copies at fixed addresses, the caller's tensors are never written,
+    and C's other shapes get copies of their own."""
+    torch._dynamo.reset()
+    options = dict(pad=False)
+    if compiled:
+        options |= dict(compile=True, compile_backend="eager")
+    static, plain = Predictor(model, **options), Predictor(model, pad=False)
+    monkeypatch.setattr(static_buffers, "STATIC_LIST", True)
+    static._static_list = lambda b: True  # what compiled CUDA-graph calls on CUDA tensors do, on the CPU
+    a = make_batch(model, [molecule(1), crystal()])
+    batches = {"A": a, "B": permuted_edges(a, 0), "C": make_batch(model, [molecule(2)])}
+    callers = {k: [t.clone() for t in (b.receivers, b.senders, b.shifts)] for k, b in batches.items()}
+    addresses = {}
+    for name in "AABAC":
+        out, ref = static(batches[name], forces=True, stress=True), plain(batches[name], forces=True, stress=True)
+        for key in ref:
+            assert_close(out[key], ref[key], 1e-12, f"list {name}: {key}")
+        kept, layout = static._prepared(batches[name])
+        assert kept.receivers is not batches[name].receivers and torch.equal(kept.receivers, batches[name].receivers)
+        assert getattr(kept.shifts, "_dynamo_static_input_type", None) == "unguarded"
+        addresses.setdefault(name, set()).add(
+            (kept.receivers.data_ptr(), kept.shifts.data_ptr(), layout.perm.data_ptr() if layout else None)
+        )
+        for k, b in batches.items():  # the caller's lists as they were
+            assert all(torch.equal(t, c) for t, c in zip((b.receivers, b.senders, b.shifts), callers[k])), f"list {k} written"
+    assert len(addresses["A"] | addresses["B"]) == 1
+    assert addresses["C"].isdisjoint(addresses["A"])
 
 
 def test_static_list_setting_from_the_environment(monkeypatch):
