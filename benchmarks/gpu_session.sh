@@ -181,7 +181,8 @@
 #   staticab one GPU, after tablenext: the profiler's reduce-overhead force call with the table in the kernels,
 #            FLASHCART_STATIC_LIST 1, 0, 1, then FLASHCART_FUSED_CSR_BACKWARD=0 (the second convolution's tp_bwd_csr
 #            spills 256 bytes with a table; the two-kernel backward does not), a process each (about 7 minutes)
-#   short    one GPU: part one in about 7 minutes (static lists 0/1 unpadded, their GPU test, then the forms on)
+#   short    one GPU: part one in about 7 minutes (static lists 0/1 unpadded, their GPU test, then the forms on;
+#            SHORT_NO_FORMS=1 SHORT_TEST_S=80: about 5.5 minutes)
 #   one      one GPU: night1 and night2 cut to one call: graph_bound unpadded (forms 0 static 0 with a cProfile, static 1,
 #            forms 1), the GPU tests of static lists and forms, the host/GPU split's GPU test (about 9.5 minutes)
 #   night1   one GPU: the host/GPU split's GPU test; graph_bound.py with tables, FLASHCART_NORM_FORMS 0 (with the host's
@@ -1235,8 +1236,8 @@ short)
     --rounds 5 > "$out/bound_static0.log" 2>&1
   FLASHCART_STATIC_LIST=1 timeout 75 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096 \
     --rounds 5 > "$out/bound_static1.log" 2>&1
-  gpu_tests 0 "tests/model/test_gpu_model.py::test_static_lists_in_reduce_overhead_calls:110" > "$out/tests_static.log" 2>&1
-  FLASHCART_NORM_FORMS=1 timeout 75 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096 \
+  gpu_tests 0 "tests/model/test_gpu_model.py::test_static_lists_in_reduce_overhead_calls:${SHORT_TEST_S:-110}" > "$out/tests_static.log" 2>&1
+  [ -n "$SHORT_NO_FORMS" ] || FLASHCART_NORM_FORMS=1 timeout 75 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096 \
     --rounds 5 > "$out/bound_forms1.log" 2>&1
   ;;
 one)
