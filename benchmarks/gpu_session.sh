@@ -261,6 +261,12 @@ profile_run() {  # MODEL (S or L) MODE (eager or a compile mode) PHASE SECONDS [
   timeout "$t" bash benchmarks/profile_diamond.sh $opts $extra "$@" 2>&1 | grep -E "^\[|parameters|s/run|Error"
 }
 
+bound_s() {  # SECONDS LOG [graph_bound.py options]: benchmarks/graph_bound.py on i2c3f20l2r with 4096-interval tables
+  # (settings from the caller's environment), its output in $out/LOG
+  local t=$1 log=$2; shift 2
+  timeout "$t" python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096 "$@" > "$out/$log" 2>&1
+}
+
 matmul_ab() {  # SECONDS per process: i3c3f64l2's reduce-overhead force call with FLASHCART_LINEAR_MATMUL=scalar, then =0
   for mode in scalar 0; do
     FLASHCART_LINEAR_MATMUL=$mode timeout "$1" python3 benchmarks/radial_pairs.py --device cuda --model i3c3f64l2 --structure diamond \
@@ -1259,23 +1265,17 @@ night1)
   # 2026-12-06 night, first call: the host/GPU split's GPU test; graph_bound (tables, unpadded as the profiler) with the
   # norm forms off (with the host's cProfile) and on; padded with static lists (the second call has them off)
   gpu_tests 0 "tests/test_profiler.py::test_host_gpu_split_on_cuda:60" > "$out/tests.log" 2>&1
-  FLASHCART_NORM_FORMS=0 timeout 190 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096 \
-    --cprofile 20 > "$out/bound_forms0.log" 2>&1
-  FLASHCART_NORM_FORMS=1 timeout 110 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096 \
-    > "$out/bound_forms1.log" 2>&1
-  FLASHCART_STATIC_LIST=1 timeout 100 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096 --pad \
-    > "$out/bound_pad_static1.log" 2>&1
+  FLASHCART_NORM_FORMS=0 bound_s 190 bound_forms0.log --cprofile 20
+  FLASHCART_NORM_FORMS=1 bound_s 110 bound_forms1.log
+  FLASHCART_STATIC_LIST=1 bound_s 100 bound_pad_static1.log --pad
   ;;
 h200night)
   # on an H200 (the issue's machine; the tables' call has not run on one): the profiler's reduce-overhead force call with
   # 4096-interval tables (cold compile), then part night1's graph_bound runs with the kernels cached
   profile_run S reduce-overhead inference 170 profile_radial_table=4096 > "$out/profile_compiled.log" 2>&1
-  FLASHCART_NORM_FORMS=0 timeout 130 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096 \
-    --cprofile 20 > "$out/bound_forms0.log" 2>&1
-  FLASHCART_NORM_FORMS=1 timeout 100 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096 \
-    > "$out/bound_forms1.log" 2>&1
-  FLASHCART_STATIC_LIST=1 timeout 90 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096 --pad \
-    > "$out/bound_pad_static1.log" 2>&1
+  FLASHCART_NORM_FORMS=0 bound_s 130 bound_forms0.log --cprofile 20
+  FLASHCART_NORM_FORMS=1 bound_s 100 bound_forms1.log
+  FLASHCART_STATIC_LIST=1 bound_s 90 bound_pad_static1.log --pad
   ;;
 night2)
   # second call: the forms' GPU test; the forms' A/B/A tail (0 then 1), the padded call without static lists, the kernels
