@@ -261,6 +261,14 @@ profile_run() {  # MODEL (S or L) MODE (eager or a compile mode) PHASE SECONDS [
   timeout "$t" bash benchmarks/profile_diamond.sh $opts $extra "$@" 2>&1 | grep -E "^\[|parameters|s/run|Error"
 }
 
+table_ab() {  # SECONDS "VAR=VALUE ..."...: the profiler's reduce-overhead force call of i2c3f20l2r with 4096-interval
+  # tables under each setting of environment variables, a process each, the setting printed first
+  local t=$1 setting; shift
+  for setting in "$@"; do
+    echo "$setting"; (export $setting; profile_run S reduce-overhead inference "$t" profile_radial_table=4096)
+  done
+}
+
 bound_s() {  # SECONDS LOG [graph_bound.py options]: benchmarks/graph_bound.py on i2c3f20l2r with 4096-interval tables
   # (settings from the caller's environment), its output in $out/LOG
   local t=$1 log=$2; shift 2
@@ -1024,9 +1032,7 @@ layout)
   gpu_tests 0 "tests/model/test_gpu_model.py::test_compiled_equals_eager_on_gpu tests/model/test_gpu_model.py::test_radial_tables_on_gpu_compiled_and_eager:190" > "$out/tests.log" 2>&1
   ;;
 layout2)
-  for v in 1 0; do
-    echo "FLASHCART_EDGE_LAYOUT=$v"; (export FLASHCART_EDGE_LAYOUT=$v; profile_run S reduce-overhead inference 110 profile_radial_table=4096)
-  done > "$out/profile_layout.log" 2>&1
+  table_ab 110 FLASHCART_EDGE_LAYOUT=1 FLASHCART_EDGE_LAYOUT=0 > "$out/profile_layout.log" 2>&1
   timeout 170 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases inference --compile-mode default \
     --repeat 5 --rows 50 --radial-table 4096 > "$out/kernels_tables.log" 2>&1
   ;;
@@ -1036,9 +1042,7 @@ layoutwhy)
   # the profiler's reduce-overhead force call with tables, FLASHCART_EDGE_LAYOUT 1 and 0, a process each (about 9 minutes)
   TORCH_LOGS=perf_hints timeout 290 python3 benchmarks/edge_layout.py --device cuda --model i2c3f20l2r --structure diamond \
     --compile-mode reduce-overhead --radial-table 4096 --rounds 6 --calls 20 --first every --profile 5 > "$out/layout_why.log" 2>&1
-  for v in 1 0; do
-    echo "FLASHCART_EDGE_LAYOUT=$v"; (export FLASHCART_EDGE_LAYOUT=$v; profile_run S reduce-overhead inference 110 profile_radial_table=4096)
-  done > "$out/profile_layout.log" 2>&1
+  table_ab 110 FLASHCART_EDGE_LAYOUT=1 FLASHCART_EDGE_LAYOUT=0 > "$out/profile_layout.log" 2>&1
   ;;
 layoutfix)
   # after the fusion barrier on the tables' lengths (flashcart.nn.fusion_barrier): the layout A/B with tables and with
@@ -1148,9 +1152,7 @@ slopes)
   # then the profiler's reduce-overhead force call with 4096-interval tables, slopes 1 and 0, a process each (about 8 minutes)
   gpu_tests 0 "tests/cartesian/test_weight_slopes.py tests/cartesian/test_triton_parity.py::test_expansion_parity tests/model/test_gpu_model.py::test_radial_tables_on_gpu_compiled_and_eager:250" \
     > "$out/tests.log" 2>&1
-  for v in 1 0; do
-    echo "FLASHCART_TABLE_SLOPES=$v"; (export FLASHCART_TABLE_SLOPES=$v; profile_run S reduce-overhead inference 110 profile_radial_table=4096)
-  done > "$out/profile_slopes.log" 2>&1
+  table_ab 110 FLASHCART_TABLE_SLOPES=1 FLASHCART_TABLE_SLOPES=0 > "$out/profile_slopes.log" 2>&1
   ;;
 slopesnext)
   # next session (an H200 if one comes): the profiler's reduce-overhead force call with tables (slopes on, the default) and
@@ -1164,9 +1166,7 @@ slopesnext)
 tablekernel)
   gpu_tests 0 "tests/cartesian/test_weight_table.py tests/model/test_gpu_model.py::test_radial_tables_on_gpu_compiled_and_eager:200" \
     > "$out/tests.log" 2>&1
-  for v in 1 0; do
-    echo "FLASHCART_TABLE_KERNEL=$v"; (export FLASHCART_TABLE_KERNEL=$v; profile_run S reduce-overhead inference 110 profile_radial_table=4096)
-  done > "$out/profile_tablekernel.log" 2>&1
+  table_ab 110 FLASHCART_TABLE_KERNEL=1 FLASHCART_TABLE_KERNEL=0 > "$out/profile_tablekernel.log" 2>&1
   timeout 130 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases inference --compile-mode default \
     --repeat 5 --rows 40 --radial-table 4096 > "$out/kernels_tables.log" 2>&1
   ;;
@@ -1177,27 +1177,19 @@ tablenext)
   ;;
 staticab)
   # static lists on and off, each with the one-pass backward and with the two-kernel backward (no spill with a table)
-  for v in "1 1" "0 1" "1 0" "0 0"; do
-    set -- $v
-    echo "FLASHCART_STATIC_LIST=$1 FLASHCART_FUSED_CSR_BACKWARD=$2"
-    (export FLASHCART_STATIC_LIST=$1 FLASHCART_FUSED_CSR_BACKWARD=$2; profile_run S reduce-overhead inference 150 profile_radial_table=4096)
-  done > "$out/profile_static.log" 2>&1
+  table_ab 150 "FLASHCART_STATIC_LIST=1 FLASHCART_FUSED_CSR_BACKWARD=1" "FLASHCART_STATIC_LIST=0 FLASHCART_FUSED_CSR_BACKWARD=1" \
+    "FLASHCART_STATIC_LIST=1 FLASHCART_FUSED_CSR_BACKWARD=0" "FLASHCART_STATIC_LIST=0 FLASHCART_FUSED_CSR_BACKWARD=0" > "$out/profile_static.log" 2>&1
   ;;
 afternoon1)
   # one call (<= 10 min) on a short budget: the tables' GPU parity after the op merge, the static lists' GPU test, then the
   # static lists' A/B with the one-pass backward; afternoon2 has the two-kernel backward and the kernel list
   gpu_tests 0 "tests/cartesian/test_weight_table.py tests/model/test_gpu_model.py::test_radial_tables_on_gpu_compiled_and_eager tests/model/test_gpu_model.py::test_static_lists_in_reduce_overhead_calls:290" \
     > "$out/tests.log" 2>&1
-  for v in 1 0; do
-    echo "FLASHCART_STATIC_LIST=$v"; (export FLASHCART_STATIC_LIST=$v; profile_run S reduce-overhead inference 130 profile_radial_table=4096)
-  done > "$out/profile_static.log" 2>&1
+  table_ab 130 FLASHCART_STATIC_LIST=1 FLASHCART_STATIC_LIST=0 > "$out/profile_static.log" 2>&1
   ;;
 afternoon2)
-  for v in "1 0" "0 0" "1 1"; do
-    set -- $v
-    echo "FLASHCART_STATIC_LIST=$1 FLASHCART_FUSED_CSR_BACKWARD=$2"
-    (export FLASHCART_STATIC_LIST=$1 FLASHCART_FUSED_CSR_BACKWARD=$2; profile_run S reduce-overhead inference 130 profile_radial_table=4096)
-  done > "$out/profile_bwd.log" 2>&1
+  table_ab 130 "FLASHCART_STATIC_LIST=1 FLASHCART_FUSED_CSR_BACKWARD=0" "FLASHCART_STATIC_LIST=0 FLASHCART_FUSED_CSR_BACKWARD=0" \
+    "FLASHCART_STATIC_LIST=1 FLASHCART_FUSED_CSR_BACKWARD=1" > "$out/profile_bwd.log" 2>&1
   timeout 150 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases inference --compile-mode default \
     --repeat 5 --rows 80 --radial-table 4096 > "$out/kernels_tables.log" 2>&1
   ;;
@@ -1296,9 +1288,7 @@ slopesquick)
     tests/model/test_gpu_model.py::test_radial_tables_on_gpu_compiled_and_eager tests/cartesian/test_triton_parity.py::test_expansion_parity \
     tests/cartesian/test_weight_slopes.py -k "radial_tables or expansion or (20 and (per or rows)) or unlisted" > "$out/tests.log" 2>&1
   [ "${SLOPES_TESTS_ONLY:-0}" = 1 ] && exit 0
-  for v in 1 0; do
-    echo "FLASHCART_TABLE_SLOPES=$v"; (export FLASHCART_TABLE_SLOPES=$v; profile_run S reduce-overhead inference 110 profile_radial_table=4096)
-  done > "$out/profile_slopes.log" 2>&1
+  table_ab 110 FLASHCART_TABLE_SLOPES=1 FLASHCART_TABLE_SLOPES=0 > "$out/profile_slopes.log" 2>&1
   ;;
 *)
   echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, pathgroups, splitsauto, splitsautotrain, splitsparity, prefetch, prefetch2, geomdump, eagercache, rowwise, eagernext, eagersync, rmsforms, edges or ddp)"; exit 2

@@ -94,43 +94,42 @@ def main() -> None:
         if args.skip_guards:
             stance = torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
             print("[stance] skip_guard_eval_unsafe=True: guards not evaluated after warm-up")
-        stance.__enter__()
-        for _ in range(args.rounds):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(args.calls):
-                call()
-            torch.cuda.synchronize()
-            times["pipelined"].append((time.perf_counter() - t0) / args.calls * 1e3)
-            t0 = time.perf_counter()
-            for _ in range(args.calls):
-                call()
+        with stance:
+            for _ in range(args.rounds):
                 torch.cuda.synchronize()
-            times["serial"].append((time.perf_counter() - t0) / args.calls * 1e3)
-            host, gpu = host_and_gpu_time(call, args.calls, device)
-            times["host"].append(host * 1e3)
-            if gpu is None:
-                waits += 1
-            else:
-                times["gpu"].append(gpu * 1e3)
-        for name, t in times.items():
-            if t:
-                print(f"[time] {name:<10} median {statistics.median(t):8.3f} ms/call   min {min(t):8.3f}   max {max(t):8.3f}")
-        if waits:
-            print(f"[warning] in {waits} of {args.rounds} rounds a call waited for the GPU: no GPU-alone time")
-        if args.cprofile:
-            prof = cProfile.Profile()
-            torch.cuda.synchronize()
-            prof.enable()
-            for _ in range(args.cprofile):
-                call()
-            prof.disable()
-            torch.cuda.synchronize()
-            text = io.StringIO()
-            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
-            print(f"[cprofile] {args.cprofile} calls, by own time")
-            print(text.getvalue())
-        stance.__exit__(None, None, None)
+                t0 = time.perf_counter()
+                for _ in range(args.calls):
+                    call()
+                torch.cuda.synchronize()
+                times["pipelined"].append((time.perf_counter() - t0) / args.calls * 1e3)
+                t0 = time.perf_counter()
+                for _ in range(args.calls):
+                    call()
+                    torch.cuda.synchronize()
+                times["serial"].append((time.perf_counter() - t0) / args.calls * 1e3)
+                host, gpu = host_and_gpu_time(call, args.calls, device)
+                times["host"].append(host * 1e3)
+                if gpu is None:
+                    waits += 1
+                else:
+                    times["gpu"].append(gpu * 1e3)
+            for name, t in times.items():
+                if t:
+                    print(f"[time] {name:<10} median {statistics.median(t):8.3f} ms/call   min {min(t):8.3f}   max {max(t):8.3f}")
+            if waits:
+                print(f"[warning] in {waits} of {args.rounds} rounds a call waited for the GPU: no GPU-alone time")
+            if args.cprofile:
+                prof = cProfile.Profile()
+                torch.cuda.synchronize()
+                prof.enable()
+                for _ in range(args.cprofile):
+                    call()
+                prof.disable()
+                torch.cuda.synchronize()
+                text = io.StringIO()
+                pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
+                print(f"[cprofile] {args.cprofile} calls, by own time")
+                print(text.getvalue())
 
 
 if __name__ == "__main__":

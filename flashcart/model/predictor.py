@@ -160,6 +160,25 @@ def _own_code(fn: Callable) -> Callable:
     return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
+class _TensorsSeen:
+    """Tensors as a call saw them: equal to another record of the very same tensor objects at the
+    same versions (unchanged in place since), which is when per-list work can be reused."""
+
+    __slots__ = ("tensors", "versions")
+
+    def __init__(self, tensors: tuple[torch.Tensor, ...]):
+        self.tensors = tensors
+        self.versions = tuple(t._version for t in tensors)
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, _TensorsSeen)
+            and len(other.tensors) == len(self.tensors)
+            and all(x is y for x, y in zip(self.tensors, other.tensors))
+            and self.versions == other.versions
+        )
+
+
 def _round_up(n: int, multiple: int) -> int:
     return max(multiple, int(math.ceil(n / multiple)) * multiple)
 
@@ -206,8 +225,8 @@ class Predictor:
         self.capacities = Capacities()
         self._compiled: dict[tuple, Callable] = {}
         self._pad_cache: tuple | None = None  # (graph tensors, capacities, padded batch)
-        self._layout_cache: tuple | None = None  # (list tensors, their versions, key, EdgeLayout)
-        self._kept_cache: tuple | None = None  # unpadded static lists: (caller's list tensors, versions, copies)
+        self._layout_cache: tuple | None = None  # (_TensorsSeen of the list, key, EdgeLayout)
+        self._kept_cache: tuple | None = None  # unpadded static lists: (_TensorsSeen of the caller's list, copies)
         self._parameters = list(model.parameters())
         self._warned_cpu_mode = False
 
@@ -288,15 +307,13 @@ class Predictor:
         Predictor's copies at fixed addresses (:func:`.static_buffers.keep_addresses` with
         ``owned=False``). While the caller passes the very same unchanged list tensors, the copies
         are reused as they are; a new list is written into them (same shapes) or copied anew."""
-        listed = tuple(getattr(b, k) for k in _LIST_INPUTS)
-        versions = tuple(t._version for t in listed)
+        listed = _TensorsSeen(tuple(getattr(b, k) for k in _LIST_INPUTS))
         hit = self._kept_cache
-        if hit is not None and all(x is y for x, y in zip(hit[0], listed)) and hit[1] == versions:
-            kept = hit[2]
-        else:
-            previous = hit[2] if hit is not None else {}
-            kept = {k: _static_buffers.keep_addresses(previous.get(k), t, owned=False) for k, t in zip(_LIST_INPUTS, listed)}
-            self._kept_cache = (listed, versions, kept)
+        if hit is not None and hit[0] == listed:
+            return replace(b, **hit[1])
+        previous = hit[1] if hit is not None else {}
+        kept = {k: _static_buffers.keep_addresses(previous.get(k), t, owned=False) for k, t in zip(_LIST_INPUTS, listed.tensors)}
+        self._kept_cache = (listed, kept)
         return replace(b, **kept)
 
     def _layout(self, b: Batch, n_real_edges: int) -> Any:
@@ -308,16 +325,15 @@ class Predictor:
         make = getattr(self.model, "edge_layout", None)
         if make is None or not _edge_layout.EDGE_LAYOUT:
             return None
-        listed = (b.receivers, b.senders, b.shifts)
-        versions = tuple(t._version for t in listed)
+        listed = _TensorsSeen((b.receivers, b.senders, b.shifts))
         key = (n_real_edges, b.positions.shape[0], self.compile, self.model.radial_pairs_used(b.receivers.is_cuda, compiled=self.compile))
         hit = self._layout_cache
-        if hit is not None and all(x is y for x, y in zip(hit[0], listed)) and hit[1] == versions and hit[2] == key:
-            return hit[3]
-        layout = make(*listed, n_real_edges, b.positions.shape[0], compiled=self.compile, where="the batch's neighbour list")
+        if hit is not None and hit[0] == listed and hit[1] == key:
+            return hit[2]
+        layout = make(*listed.tensors, n_real_edges, b.positions.shape[0], compiled=self.compile, where="the batch's neighbour list")
         if self._static_list(b):
-            layout = _static_buffers.keep_addresses(hit[3] if hit is not None else None, layout)
-        self._layout_cache = (listed, versions, key, layout)
+            layout = _static_buffers.keep_addresses(hit[2] if hit is not None else None, layout)
+        self._layout_cache = (listed, key, layout)
         return layout
 
     def _pad(self, b: Batch, n: int, e: int, g: int) -> Batch:
