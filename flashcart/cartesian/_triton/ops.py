@@ -1063,47 +1063,41 @@ def _(gy, x, table, key):
     return gy.new_empty(linear_spec(key).w_numel)
 
 
-def _lin_fwd_setup(ctx, inputs, output):
-    x, w, table, key = inputs
+def _lin_setup(ctx, inputs, output):
+    # every linear-map op takes (operand a, operand b, table, key) and its backward needs a, b and the table
+    a, b, table, key = inputs
     ctx.key = key
-    ctx.save_for_backward(x, w, table)
+    ctx.save_for_backward(a, b, table)
+
+
+def _lin_saved(ctx):
+    """``(a, b, table, key, need)``: a linear-map op's saved operands and which of their two
+    gradients the engine needs."""
+    a, b, table = ctx.saved_tensors
+    return a, b, table, ctx.key, _engine_needs(ctx, 2)
 
 
 def _lin_fwd_backward(ctx, gy):
-    x, w, table = ctx.saved_tensors
-    need = _engine_needs(ctx, 2)
-    return (lin_bwd_x(gy, w, table, ctx.key) if need[0] else None, lin_bwd_w(gy, x, table, ctx.key) if need[1] else None, None, None)
-
-
-def _lin_bx_setup(ctx, inputs, output):
-    gy, w, table, key = inputs
-    ctx.key = key
-    ctx.save_for_backward(gy, w, table)
+    # y = x @ W: d x = gy @ W^T (lin_bwd_x), d W = x^T gy (lin_bwd_w)
+    x, w, table, key, need = _lin_saved(ctx)
+    return (lin_bwd_x(gy, w, table, key) if need[0] else None, lin_bwd_w(gy, x, table, key) if need[1] else None, None, None)
 
 
 def _lin_bx_backward(ctx, g):
     # <g, gy @ W>: d gy = g @ W^T (lin_fwd), d W = lin_bwd_w(gy, g)
-    gy, w, table = ctx.saved_tensors
-    need = _engine_needs(ctx, 2)
-    return (lin_fwd(g, w, table, ctx.key) if need[0] else None, lin_bwd_w(gy, g, table, ctx.key) if need[1] else None, None, None)
-
-
-def _lin_bw_setup(ctx, inputs, output):
-    gy, x, table, key = inputs
-    ctx.key = key
-    ctx.save_for_backward(gy, x, table)
+    gy, w, table, key, need = _lin_saved(ctx)
+    return (lin_fwd(g, w, table, key) if need[0] else None, lin_bwd_w(gy, g, table, key) if need[1] else None, None, None)
 
 
 def _lin_bw_backward(ctx, g):
     # <g, gy^T x>: d gy = x @ g^T (lin_fwd(x, g)), d x = gy @ g (lin_bwd_x(gy, g))
-    gy, x, table = ctx.saved_tensors
-    need = _engine_needs(ctx, 2)
-    return (lin_fwd(x, g, table, ctx.key) if need[0] else None, lin_bwd_x(gy, g, table, ctx.key) if need[1] else None, None, None)
+    gy, x, table, key, need = _lin_saved(ctx)
+    return (lin_fwd(x, g, table, key) if need[0] else None, lin_bwd_x(gy, g, table, key) if need[1] else None, None, None)
 
 
-lin_fwd.register_autograd(_lin_fwd_backward, setup_context=_lin_fwd_setup)
-lin_bwd_x.register_autograd(_lin_bx_backward, setup_context=_lin_bx_setup)
-lin_bwd_w.register_autograd(_lin_bw_backward, setup_context=_lin_bw_setup)
+lin_fwd.register_autograd(_lin_fwd_backward, setup_context=_lin_setup)
+lin_bwd_x.register_autograd(_lin_bx_backward, setup_context=_lin_setup)
+lin_bwd_w.register_autograd(_lin_bw_backward, setup_context=_lin_setup)
 
 
 def flat_weights(weights: torch.nn.ParameterList) -> Tensor:
@@ -1263,8 +1257,8 @@ def tp_dbwd(*args):
 
 
 tp_dbwd.op = _tp_dbwd_op
-lin_fwd = _dispatching("lin_fwd", lin_fwd, _lin_fwd_setup, _lin_fwd_backward)
-lin_bwd_x = _dispatching("lin_bwd_x", lin_bwd_x, _lin_bx_setup, _lin_bx_backward)
-lin_bwd_w = _dispatching("lin_bwd_w", lin_bwd_w, _lin_bw_setup, _lin_bw_backward)
+lin_fwd = _dispatching("lin_fwd", lin_fwd, _lin_setup, _lin_fwd_backward)
+lin_bwd_x = _dispatching("lin_bwd_x", lin_bwd_x, _lin_setup, _lin_bx_backward)
+lin_bwd_w = _dispatching("lin_bwd_w", lin_bwd_w, _lin_setup, _lin_bw_backward)
 expansion_fwd = _dispatching("expansion_fwd", expansion_fwd, _exp_setup, _exp_backward)
 expansion_vjp = _dispatching("expansion_vjp", expansion_vjp, _vjp_setup, _vjp_backward)
