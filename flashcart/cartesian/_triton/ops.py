@@ -1018,12 +1018,19 @@ def _check_table(table: Tensor, key: str, like: Tensor) -> None:
         raise ValueError(f"linear launch table on {table.device}, operands on {like.device}: move the layer with .to()")
 
 
+def _lin_rows(rows: Tensor, w: Tensor, table: Tensor, key: str, mode: int) -> Tensor:
+    """A linear map's rows through its weights: the forward (``FWD``: input rows to output rows)
+    or the input gradient (``BWD_X``: output-gradient rows to input-gradient rows)."""
+    s = linear_spec(key)
+    _check_table(table, key, rows)
+    rows, w = rows.contiguous(), w.contiguous()
+    width, offsets, l_max = (s.out_width, s.out_off, s.out_l_max) if mode == FWD else (s.in_width, s.in_off, s.in_l_max)
+    return _row_map(rows, w, table, key, mode, width, offsets[s.n_mixed] if s.n_mixed <= l_max else None)
+
+
 @kernel_op("flashcart::lin_fwd")
 def lin_fwd(x: Tensor, w: Tensor, table: Tensor, key: str) -> Tensor:
-    s = linear_spec(key)
-    _check_table(table, key, x)
-    x, w = x.contiguous(), w.contiguous()
-    return _row_map(x, w, table, key, FWD, s.out_width, s.out_off[s.n_mixed] if s.n_mixed <= s.out_l_max else None)
+    return _lin_rows(x, w, table, key, FWD)
 
 
 @lin_fwd.register_fake
@@ -1033,10 +1040,7 @@ def _(x, w, table, key):
 
 @kernel_op("flashcart::lin_bwd_x")
 def lin_bwd_x(gy: Tensor, w: Tensor, table: Tensor, key: str) -> Tensor:
-    s = linear_spec(key)
-    _check_table(table, key, gy)
-    gy, w = gy.contiguous(), w.contiguous()
-    return _row_map(gy, w, table, key, BWD_X, s.in_width, s.in_off[s.n_mixed] if s.n_mixed <= s.in_l_max else None)
+    return _lin_rows(gy, w, table, key, BWD_X)
 
 
 @lin_bwd_x.register_fake
