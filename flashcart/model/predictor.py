@@ -25,7 +25,7 @@ import math
 import types
 import warnings
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import torch
 
@@ -179,6 +179,21 @@ class _TensorsSeen:
         )
 
 
+class _LayoutCache(NamedTuple):
+    """The edge layout of the last list: the list's tensors as seen, the settings it was made for, the layout."""
+
+    seen: _TensorsSeen
+    key: tuple
+    layout: Any
+
+
+class _KeptCache(NamedTuple):
+    """An unpadded Predictor's copies of the caller's last list at fixed addresses (static lists)."""
+
+    seen: _TensorsSeen
+    copies: dict[str, torch.Tensor]
+
+
 def _round_up(n: int, multiple: int) -> int:
     return max(multiple, int(math.ceil(n / multiple)) * multiple)
 
@@ -225,8 +240,8 @@ class Predictor:
         self.capacities = Capacities()
         self._compiled: dict[tuple, Callable] = {}
         self._pad_cache: tuple | None = None  # (graph tensors, capacities, padded batch)
-        self._layout_cache: tuple | None = None  # (_TensorsSeen of the list, key, EdgeLayout)
-        self._kept_cache: tuple | None = None  # unpadded static lists: (_TensorsSeen of the caller's list, copies)
+        self._layout_cache: _LayoutCache | None = None
+        self._kept_cache: _KeptCache | None = None
         self._parameters = list(model.parameters())
         self._warned_cpu_mode = False
 
@@ -309,11 +324,11 @@ class Predictor:
         are reused as they are; a new list is written into them (same shapes) or copied anew."""
         listed = _TensorsSeen(tuple(getattr(b, k) for k in _LIST_INPUTS))
         hit = self._kept_cache
-        if hit is not None and hit[0] == listed:
-            return replace(b, **hit[1])
-        previous = hit[1] if hit is not None else {}
+        if hit is not None and hit.seen == listed:
+            return replace(b, **hit.copies)
+        previous = hit.copies if hit is not None else {}
         kept = {k: _static_buffers.keep_addresses(previous.get(k), t, owned=False) for k, t in zip(_LIST_INPUTS, listed.tensors)}
-        self._kept_cache = (listed, kept)
+        self._kept_cache = _KeptCache(listed, kept)
         return replace(b, **kept)
 
     def _layout(self, b: Batch, n_real_edges: int) -> Any:
@@ -328,12 +343,12 @@ class Predictor:
         listed = _TensorsSeen((b.receivers, b.senders, b.shifts))
         key = (n_real_edges, b.positions.shape[0], self.compile, self.model.radial_pairs_used(b.receivers.is_cuda, compiled=self.compile))
         hit = self._layout_cache
-        if hit is not None and hit[0] == listed and hit[1] == key:
-            return hit[2]
+        if hit is not None and hit.seen == listed and hit.key == key:
+            return hit.layout
         layout = make(*listed.tensors, n_real_edges, b.positions.shape[0], compiled=self.compile, where="the batch's neighbour list")
         if self._static_list(b):
-            layout = _static_buffers.keep_addresses(hit[2] if hit is not None else None, layout)
-        self._layout_cache = (listed, key, layout)
+            layout = _static_buffers.keep_addresses(hit.layout if hit is not None else None, layout)
+        self._layout_cache = _LayoutCache(listed, key, layout)
         return layout
 
     def _pad(self, b: Batch, n: int, e: int, g: int) -> Batch:

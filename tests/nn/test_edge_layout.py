@@ -70,7 +70,7 @@ def test_layout_computed_once_per_list_and_again_for_a_new_or_changed_list():
     p(moved)
     p(b)
     assert len(calls) == 1  # one list, three calls
-    layout = p._layout_cache[2]
+    layout = p._layout_cache.layout
     # the same layout as a fresh computation, pairs included (CPU: pairs in every call)
     fresh = Predictor(m, pad=True, pad_edge_multiple=32)
     padded = fresh.padded(b)
@@ -92,7 +92,7 @@ def test_layout_computed_once_per_list_and_again_for_a_new_or_changed_list():
     # the radial pairs switched off: computed again, without pairs
     m.radial_pairs = False
     p(b)
-    assert len(calls) == 5 and p._layout_cache[2].pairs is None
+    assert len(calls) == 5 and p._layout_cache.layout.pairs is None
 
 
 def _graph_ops(m, b, compile_layout: bool, monkeypatch) -> set:
@@ -140,7 +140,7 @@ def test_compiled_and_eager_calls_with_the_layout(monkeypatch):
     half = replace(b, receivers=b.receivers[keep], senders=b.senders[keep], shifts=b.shifts[keep], edge_batch=b.edge_batch[keep])
     eager = Predictor(m)
     eager(half)
-    assert eager._layout_cache[2].pairs is None  # not pair-complete: one MLP row per edge
+    assert eager._layout_cache.layout.pairs is None  # not pair-complete: one MLP row per edge
     m.radial_pairs = False
     half_ref = Predictor(m)(half)
     m.radial_pairs = True
