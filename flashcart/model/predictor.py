@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 import types
 import warnings
 from dataclasses import dataclass, replace
@@ -160,23 +161,20 @@ def _own_code(fn: Callable) -> Callable:
     return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
-class _TensorsSeen:
-    """Tensors as a call saw them: equal to another record of the very same tensor objects at the
-    same versions (unchanged in place since), which is when per-list work can be reused."""
+class _TensorsSeen(NamedTuple):
+    """Tensors as a call saw them (:meth:`of`): :meth:`same` as another record of the very same
+    tensor objects at the same versions (unchanged in place since), which is when per-list work
+    can be reused."""
 
-    __slots__ = ("tensors", "versions")
+    tensors: tuple[torch.Tensor, ...]
+    versions: tuple[int, ...]
 
-    def __init__(self, tensors: tuple[torch.Tensor, ...]):
-        self.tensors = tensors
-        self.versions = tuple(t._version for t in tensors)
+    @staticmethod
+    def of(tensors: tuple[torch.Tensor, ...]) -> "_TensorsSeen":
+        return _TensorsSeen(tensors, tuple(t._version for t in tensors))
 
-    def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, _TensorsSeen)
-            and len(other.tensors) == len(self.tensors)
-            and all(x is y for x, y in zip(self.tensors, other.tensors))
-            and self.versions == other.versions
-        )
+    def same(self, other: "_TensorsSeen") -> bool:
+        return self.versions == other.versions and all(map(operator.is_, self.tensors, other.tensors))
 
 
 class _LayoutCache(NamedTuple):
@@ -322,9 +320,9 @@ class Predictor:
         Predictor's copies at fixed addresses (:func:`.static_buffers.keep_addresses` with
         ``owned=False``). While the caller passes the very same unchanged list tensors, the copies
         are reused as they are; a new list is written into them (same shapes) or copied anew."""
-        listed = _TensorsSeen(tuple(getattr(b, k) for k in _LIST_INPUTS))
+        listed = _TensorsSeen.of(tuple(getattr(b, k) for k in _LIST_INPUTS))
         hit = self._kept_cache
-        if hit is not None and hit.seen == listed:
+        if hit is not None and hit.seen.same(listed):
             return replace(b, **hit.copies)
         previous = hit.copies if hit is not None else {}
         kept = {k: _static_buffers.keep_addresses(previous.get(k), t, owned=False) for k, t in zip(_LIST_INPUTS, listed.tensors)}
@@ -340,10 +338,10 @@ class Predictor:
         make = getattr(self.model, "edge_layout", None)
         if make is None or not _edge_layout.EDGE_LAYOUT:
             return None
-        listed = _TensorsSeen((b.receivers, b.senders, b.shifts))
+        listed = _TensorsSeen.of((b.receivers, b.senders, b.shifts))
         key = (n_real_edges, b.positions.shape[0], self.compile, self.model.radial_pairs_used(b.receivers.is_cuda, compiled=self.compile))
         hit = self._layout_cache
-        if hit is not None and hit.seen == listed and hit.key == key:
+        if hit is not None and hit.key == key and hit.seen.same(listed):
             return hit.layout
         layout = make(*listed.tensors, n_real_edges, b.positions.shape[0], compiled=self.compile, where="the batch's neighbour list")
         if self._static_list(b):
