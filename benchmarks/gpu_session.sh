@@ -189,6 +189,9 @@
 #            cProfile) and 1; padded with FLASHCART_STATIC_LIST=1 (about 8 minutes)
 #   night2   one GPU, after night1: the norm forms' GPU test, their A/B tail (0, 1), padded without static lists, the
 #            kernel list with the forms, the calls without dynamo's guards (about 9 minutes)
+#   walk     one GPU: graph_bound with static lists 0/1 and the first convolution's backward as the sender walk
+#            (FLASHCART_SENDER_WALK_BACKWARD), then its GPU parity (about 9.5 minutes; WALK_PROFILE=1 adds the profiler first)
+#   walktests one GPU: the static lists' GPU test, the model's table test with the sender walk, its kernel list
 #   h200night one GPU, an H200: the profiler's reduce-overhead force call with tables, then night1's graph_bound runs
 #   geomdump one GPU: the compiled force call's kernel list and the source of its edge-geometry kernel (about 3 minutes)
 #   ddp      both: DDP epoch time on 1 and 2 GPUs
@@ -1253,6 +1256,28 @@ one)
     > "$out/tests_model.log" 2>&1
   gpu_tests 0 "tests/test_profiler.py::test_host_gpu_split_on_cuda:50" > "$out/tests_hostgpu.log" 2>&1
   ;;
+walk)
+  # 2026-12-07 (about 9.5 minutes): graph_bound with tables, unpadded as the profiler runs it (its "pipelined" line is the
+  # profiler's s/run): static lists 0 (cold compile), static lists 1, then the first convolution's backward as the sender
+  # walk (FLASHCART_SENDER_WALK_BACKWARD=1, instead of 158,000 one-edge programs) without and with static lists; then the
+  # sender walk's GPU parity (float64, 1e-12: against the per-edge kernel, plain weights, rows, tables, slopes). With
+  # WALK_PROFILE=1 (an H200) the profiler's reduce-overhead call with tables comes first.
+  [ -n "$WALK_PROFILE" ] && profile_run S reduce-overhead inference 170 profile_radial_table=4096 > "$out/profile_compiled.log" 2>&1
+  FLASHCART_STATIC_LIST=0 bound_s 170 bound_static0.log --rounds 5
+  FLASHCART_STATIC_LIST=1 bound_s 75 bound_static1.log --rounds 5
+  FLASHCART_STATIC_LIST=0 FLASHCART_SENDER_WALK_BACKWARD=1 bound_s 100 bound_walk1_static0.log --rounds 5
+  FLASHCART_STATIC_LIST=1 FLASHCART_SENDER_WALK_BACKWARD=1 bound_s 70 bound_walk1_static1.log --rounds 5
+  gpu_tests 0 "tests/cartesian/test_triton_parity.py::test_sender_walk_without_input_1_gradient_equals_per_edge tests/cartesian/test_weight_table.py tests/cartesian/test_weight_slopes.py -k sender:150" \
+    > "$out/tests_walk.log" 2>&1
+  ;;
+walktests)
+  # after part walk (about 5 minutes): the static lists' GPU test (padded, unpadded), the model's GPU tests with the sender
+  # walk on (compiled == eager, tables), then the kernel list of the compiled force call with it
+  gpu_tests 0 "tests/model/test_gpu_model.py::test_static_lists_in_reduce_overhead_calls:110" > "$out/tests_static.log" 2>&1
+  FLASHCART_SENDER_WALK_BACKWARD=1 gpu_tests 0 "tests/model/test_gpu_model.py::test_radial_tables_on_gpu_compiled_and_eager:100" > "$out/tests_model_walk.log" 2>&1
+  FLASHCART_SENDER_WALK_BACKWARD=1 timeout 90 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases inference \
+    --compile-mode default --repeat 5 --rows 30 --radial-table 4096 > "$out/kernels_walk.log" 2>&1
+  ;;
 night1)
   # 2026-12-06 night, first call: the host/GPU split's GPU test; graph_bound (tables, unpadded as the profiler) with the
   # norm forms off (with the host's cProfile) and on; padded with static lists (the second call has them off)
@@ -1291,7 +1316,7 @@ slopesquick)
   table_ab 110 FLASHCART_TABLE_SLOPES=1 FLASHCART_TABLE_SLOPES=0 > "$out/profile_slopes.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, pathgroups, splitsauto, splitsautotrain, splitsparity, prefetch, prefetch2, geomdump, eagercache, rowwise, eagernext, eagersync, rmsforms, edges or ddp)"; exit 2
+  echo "unknown part $part (walk, walktests, tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, pathgroups, splitsauto, splitsautotrain, splitsparity, prefetch, prefetch2, geomdump, eagercache, rowwise, eagernext, eagersync, rmsforms, edges or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

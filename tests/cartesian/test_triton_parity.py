@@ -147,6 +147,53 @@ def test_csr_backward_one_pass_equals_two_kernels(F, device, monkeypatch):
 
 @needs_triton
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("F", [3, 20, 300], ids=["F3", "F20", "F300-channel-blocks"])
+@pytest.mark.parametrize("l_in", [0, 2], ids=["first-convolution", "l1-2"])
+@pytest.mark.parametrize("rows", [False, True], ids=["per-edge", "weight-rows"])
+def test_sender_walk_without_input_1_gradient_equals_per_edge(rows, l_in, F, device, monkeypatch):
+    """``FLASHCART_SENDER_WALK_BACKWARD=1``: a convolution backward without input 1's gradient
+    (a first convolution's) as the split sender walk (``tp_bwd_csr``, input 1's gradient dropped)
+    against one program per edge (``tp_bwd_edge``), float64 1e-12: every subset of input 2's and
+    the weights' gradients, weights per edge or per row (the kernels adding each listed edge's
+    gradient into its row), a node without edges, channel blocks past 256 channels."""
+    import flashcart.cartesian._triton.ops as ops
+    from flashcart.cartesian import edge_csr
+    from flashcart.cartesian._triton.source import product_key
+
+    from .test_weight_rows import N_EDGES, N_NODES, _rows
+
+    dtype = torch.float64
+    tp = TensorProduct(l_in, 3, 3, F, 1, backend="triton")
+    receivers, senders = _graph(N_NODES, N_EDGES, device)
+    senders = torch.where(senders == N_NODES - 1, 0, senders)  # the last node sends nothing
+    csr = edge_csr(receivers, senders, N_NODES)
+    weight_rows, n_rows = _rows(device) if rows else (None, N_EDGES)
+    g = torch.Generator().manual_seed(31)
+    x1 = torch.randn(N_NODES, tp.in1_width, dtype=dtype, generator=g).to(device)
+    x2 = torch.randn(N_EDGES, tp.in2_width, dtype=dtype, generator=g).to(device)
+    w = torch.randn(n_rows, tp.weight_numel, dtype=dtype, generator=g).to(device)
+    go = torch.randn(N_NODES, tp.out_width, dtype=dtype, generator=g).to(device)
+    widx, wrows = (weight_rows.index, weight_rows.edges) if rows else (None, None)
+    args = (go, x1, x2, w, receivers, senders, *csr, widx, wrows, product_key(l_in, 3, 3, False, False))
+    walks = []
+    launch = ops._bwd_csr
+    monkeypatch.setattr(ops, "_bwd_csr", lambda *a: walks.append(1) or launch(*a))
+    for need in [(False, True, True), (False, True, False), (False, False, True)]:
+        results = []
+        for walk in (True, False):
+            monkeypatch.setattr(ops, "SENDER_WALK_BACKWARD", walk)
+            results.append(ops.tp_bwd(*args, *need))
+        assert len(walks) == 1, "the sender walk ran once, with the switch on"
+        walks.clear()
+        for a, b, what in zip(*results, ("x1", "x2", "w")):
+            assert a.shape == b.shape, what
+            if a.numel():
+                assert a.abs().max() > 0, what
+                assert_close(a, b, 1e-12, f"gradient of {what}, needs {need}")
+
+
+@needs_triton
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("F", [3, 20, 70], ids=["F3", "F20", "F70-channel-blocks"])
 def test_pipelined_forward_equals_plain(F, device, monkeypatch):
     """``tp_fwd``'s receiver walk software pipelined (``FLASHCART_TP_PIPELINE=1``: the next edge's
@@ -334,6 +381,7 @@ def test_index_prefetch_mode_and_auto_rule(monkeypatch):
     [
         ("FLASHCART_TP_PIPELINE", "ops", "_pipeline_mode", True),
         ("FLASHCART_FUSED_CSR_BACKWARD", "ops", "_csr_backward_mode", True),
+        ("FLASHCART_SENDER_WALK_BACKWARD", "ops", "_sender_walk_mode", False),
         ("FLASHCART_LINEAR_UNIT", "ops", "_linear_unit_mode", True),
     ],
 )

@@ -47,8 +47,10 @@ def _problem(device, F, rows: bool, unlisted=()):
         "rows, two-kernel backward",
         "rows, row sums in a pass",
         "rows, no input-1 gradient",
+        "rows, no input-1 gradient, sender walk",
         "per edge",
         "per edge, two-kernel backward",
+        "per edge, no input-1 gradient, sender walk",
     ],
 )
 def test_slopes_in_the_kernels_equal_autograd_through_the_slopes(variant, F, device, monkeypatch):
@@ -56,11 +58,12 @@ def test_slopes_in_the_kernels_equal_autograd_through_the_slopes(variant, F, dev
     PyTorch backend differentiating :func:`apply_weight_slopes`: one pass per sender
     (``tp_bwd_csr``), per-edge kernels (``tp_bwd_edge``, also what a first convolution runs, whose
     input 1 needs no gradient), weight rows summed by the kernels or in a pass, and per-edge
-    weights."""
+    weights; without input 1's gradient also as the sender walk (``FLASHCART_SENDER_WALK_BACKWARD``)."""
     import flashcart.cartesian._triton.ops as ops
     import flashcart.cartesian._triton.weight_rows as row_sums
 
     monkeypatch.setattr(ops, "FUSED_CSR_BACKWARD", "two-kernel" not in variant)
+    monkeypatch.setattr(ops, "SENDER_WALK_BACKWARD", "sender walk" in variant)
     monkeypatch.setattr(row_sums, "IN_KERNEL", "in a pass" not in variant)
     ref, receivers, senders, rows, x1, x2, w, ws, t = _problem(device, F, variant.startswith("rows"))
     tri = TensorProduct(2, 3, 3, F, 1, backend="triton")

@@ -63,8 +63,10 @@ def _problem(device, F, rows: bool, l_in: int = 2):
         "rows, two-kernel backward",
         "rows, row sums in a pass, unpipelined",
         "rows, no input-1 gradient",
+        "rows, no input-1 gradient, sender walk",
         "per edge",
         "per edge, two-kernel backward, unpipelined",
+        "per edge, no input-1 gradient, sender walk, first convolution",
     ],
 )
 def test_table_in_the_kernels_equals_autograd_through_the_cubic(variant, F, device, monkeypatch):
@@ -72,15 +74,18 @@ def test_table_in_the_kernels_equals_autograd_through_the_cubic(variant, F, devi
     PyTorch backend differentiating the cubic: one pass per sender (``tp_bwd_csr``), per-edge
     kernels (``tp_bwd_edge`` and ``tp_bwd_x1_csr``; ``tp_bwd_edge`` alone when input 1 needs no
     gradient, as in a first convolution), the forward pipelined or not, weight rows summed by the
-    kernels or in a pass, and per-edge weights."""
+    kernels or in a pass, and per-edge weights; without input 1's gradient also as the sender walk
+    (``FLASHCART_SENDER_WALK_BACKWARD``), with a first convolution's scalar node features."""
     import flashcart.cartesian._triton.ops as ops
     import flashcart.cartesian._triton.weight_rows as row_sums
 
     monkeypatch.setattr(ops, "FUSED_CSR_BACKWARD", "two-kernel" not in variant)
+    monkeypatch.setattr(ops, "SENDER_WALK_BACKWARD", "sender walk" in variant)
     monkeypatch.setattr(ops, "TP_PIPELINE", "unpipelined" not in variant)
     monkeypatch.setattr(row_sums, "IN_KERNEL", "in a pass" not in variant)
-    ref, receivers, senders, rows, x1, x2, table, geometry, t = _problem(device, F, variant.startswith("rows"))
-    tri = TensorProduct(2, 3, 3, F, 1, backend="triton")
+    l_in = 0 if "first convolution" in variant else 2
+    ref, receivers, senders, rows, x1, x2, table, geometry, t = _problem(device, F, variant.startswith("rows"), l_in)
+    tri = TensorProduct(l_in, 3, 3, F, 1, backend="triton")
     need_x1 = "no input-1" not in variant
     cot = torch.randn(N_NODES, ref.out_width, dtype=t.dtype, generator=torch.Generator().manual_seed(22)).to(device)
     grads = assert_same_results(

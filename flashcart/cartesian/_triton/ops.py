@@ -79,6 +79,19 @@ def _csr_backward_mode() -> bool:
 FUSED_CSR_BACKWARD = _csr_backward_mode()
 
 
+def _sender_walk_mode() -> bool:
+    """``FLASHCART_SENDER_WALK_BACKWARD``: ``1`` runs a convolution backward that does not need
+    input 1's gradient (a first convolution, whose node features carry no position dependence)
+    as the sender walk too (``tp_bwd_csr``, split like the other walks; input 1's gradient is
+    computed into scratch and dropped); ``0`` (default, until timed on a GPU) as one program
+    per edge (``tp_bwd_edge``: 158,000 one-warp programs on the 1000-atom diamond)."""
+    return _switch_mode("FLASHCART_SENDER_WALK_BACKWARD", default=False)
+
+
+# Read at import; benchmarks and tests flip the module attribute.
+SENDER_WALK_BACKWARD = _sender_walk_mode()
+
+
 def _pipeline_mode() -> bool:
     """``FLASHCART_TP_PIPELINE``: ``1`` (default) runs the convolution forward's receiver walk
     software pipelined (each step loads the next edge's operands before it computes the current
@@ -239,10 +252,12 @@ def _tp_bwd_impl(go, x1, x2, w, ws, receivers, senders, perm, srowptr, widx, wro
     n_wrows = table.t.shape[0] if table is not None else w.shape[0]  # weight rows (R)
     dev, dt = x2.device, x2.dtype
     splits = _walk_splits(conv, spec.n_paths)  # the sender walks (input 1's gradient) write partial sums per split
-    # convolution with input 1's gradient and another: one pass per sender (tp_bwd_csr)
-    fused = conv and need_x1 and (need_x2 or need_w) and FUSED_CSR_BACKWARD and not shared and F > 0
+    # convolution with input 1's gradient and another: one pass per sender (tp_bwd_csr); without
+    # input 1's gradient too with SENDER_WALK_BACKWARD (input 1's gradient into scratch)
+    walk = (need_x1 and FUSED_CSR_BACKWARD) or (not need_x1 and SENDER_WALK_BACKWARD)
+    fused = conv and walk and (need_x2 or need_w) and not shared and F > 0
     mod = product_module(key)
-    g1 = torch.empty(splits * x1.shape[0], spec.in1_comps * F, dtype=dt, device=dev) if need_x1 else x1.new_empty(0)
+    g1 = torch.empty(splits * x1.shape[0], spec.in1_comps * F, dtype=dt, device=dev) if need_x1 or fused else x1.new_empty(0)
     # A broadcast input 2 (one channel, the edge attributes) gets its channel sum in-kernel:
     # one program then covers every channel.
     reduce_g2 = need_x2 and f2 == 1 and F > 1 and F <= 256
@@ -359,6 +374,8 @@ def _tp_bwd_impl(go, x1, x2, w, ws, receivers, senders, perm, srowptr, widx, wro
         g1.zero_()
     if need_x1:
         g1 = _reduce_channels(_sum_splits(g1, splits), spec.in1_comps, f1)
+    elif fused:
+        g1 = x1.new_empty(0)  # the sender walk's scratch
     if need_x2 and not reduce_g2:
         g2 = _reduce_channels(g2, spec.in2_comps, f2)
     if slope and widx is not None and not in_rows:  # per edge: each row sums the edges it lists
