@@ -558,6 +558,35 @@ def test_forward_and_input_gradient_split_rules(device, rule, fwd_splits, bwd_sp
 
 
 @pytest.mark.skipif(not triton_available(), reason="needs triton")
+def test_instruction_counts_of_the_first_convolution():
+    """``compile_check --instructions`` on the first convolution's kernels (scalar node features,
+    edge ranks 0..3, 32 channels, a table): the forward sums nothing across channels; the per-edge
+    backward and the sender walk sum each edge's 16 input-2 components and ``t``'s gradient over
+    the warp's 32 lanes, 17 sums of 5 shuffles each; nothing spills."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    args = ["--key", "0,3,3,0,0", "--block-f", "32", "--only", "table", "--instructions"]
+    run = subprocess.run(
+        [sys.executable, "-m", "flashcart.cartesian._triton.compile_check", *args], env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    counts = {}
+    for line in run.stdout.splitlines():
+        label, _, fields = line.partition(" REG:")
+        counts[label.strip()] = dict(f.split(":") for f in ("REG:" + fields).split())
+    assert {"tp_fwd conv, pipelined, table", "tp_bwd_edge conv g2+gw, slopes, table", "tp_bwd_csr g1+g2+gw, slopes, table"} <= counts.keys()
+    for label, c in counts.items():
+        assert int(c["all"]) == sum(int(c[k]) for k in ("fp", "load", "store", "shuffle", "spill", "other")), label
+        assert int(c["fp"]) > 0 and int(c["load"]) > 0 and c["spill"] == "0", label
+    assert counts["tp_fwd conv, pipelined, table"]["shuffle"] == "0"
+    assert counts["tp_bwd_edge conv g2+gw, slopes, table"]["shuffle"] == str(17 * 5)
+    assert counts["tp_bwd_csr g1+g2+gw, slopes, table"]["shuffle"] == str(17 * 5)
+
+
+@pytest.mark.skipif(not triton_available(), reason="needs triton")
 def test_linear_kernel_compiles_for_sm90_without_spills():
     """The grouped matmul compiled for sm_90 (bundled ptxas, no GPU, a process without
     TRITON_INTERPRET) keeps its default tiles in registers, float32 and float64 (with 64-bit

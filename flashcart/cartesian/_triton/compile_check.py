@@ -9,7 +9,9 @@ thread, ``STACK``/``LOCAL`` bytes of spills)::
     python -m flashcart.cartesian._triton.compile_check --key 2,3,2,0,0 --dtype fp32 --block-f 64
 
 ``--maxnreg N`` caps the registers per thread (what the cap costs in spills), ``--only TEXT``
-compiles just the variants whose label contains ``TEXT``.
+compiles just the variants whose label contains ``TEXT``. ``--instructions`` adds the cubin's
+machine instructions by class (:func:`instruction_counts`): one program's straight-line work
+per thread, which for the products' kernels (one channel per thread) bounds their issue rate.
 
 ``--linear-tiles T ...`` compiles the linear maps' grouped matmul instead, with ``--linear-key``
 (``'3|3|64|64|4,6,7,6'``) and ``--linear-kind`` (0 forward, 1 input gradient, 2 weight gradient)
@@ -147,8 +149,42 @@ def _variants(dbwd_only: bool):
     return out
 
 
+# SASS opcodes by class, for instruction_counts (the rest counted under "other")
+_CLASSES = {
+    "fp": ("FFMA", "FMUL", "FADD", "DFMA", "DMUL", "DADD"),
+    "load": ("LDG",),
+    "store": ("STG", "RED", "ATOM", "ATOMG"),
+    "shuffle": ("SHFL",),
+    "spill": ("STL", "LDL"),
+}
+
+
+def instruction_counts(sass: str) -> dict[str, int]:
+    """Machine instructions of ``cuobjdump -sass`` text by class: ``fp`` (FFMA, FMUL, FADD and
+    their float64 forms), ``load`` (global), ``store`` (global stores, reductions and atomics),
+    ``shuffle`` (warp shuffles: the channel sums), ``spill`` (local stores and loads), ``other``
+    (integer and address arithmetic, moves, branches) and ``all``. Counted over the code, each
+    instruction once (a loop body once)."""
+    counts = dict.fromkeys([*_CLASSES, "other", "all"], 0)
+    for line in sass.splitlines():
+        m = re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)", line)
+        if not m:
+            continue
+        op = m.group(1)
+        cls = next((c for c, ops in _CLASSES.items() if op in ops), "other")
+        counts[cls] += 1
+        counts["all"] += 1
+    return counts
+
+
 def resource_usage(
-    key: str, dtype: str = "fp32", block_f: int = 64, dbwd_only: bool = False, maxnreg: int | None = None, only: str | None = None
+    key: str,
+    dtype: str = "fp32",
+    block_f: int = 64,
+    dbwd_only: bool = False,
+    maxnreg: int | None = None,
+    only: str | None = None,
+    instructions: bool = False,
 ) -> dict[str, str]:
     """``{kernel variant: cuobjdump resource-usage line}`` for sm_90 (H100/H200).
 
@@ -156,7 +192,8 @@ def resource_usage(
     ``fp64``; ``block_f``: channels per program (``num_warps = block_f // 32``); ``maxnreg``: the
     register cap per thread passed to ptxas (Triton's ``maxnreg`` option; ``None``: ptxas picks, at
     most 255), which trades spills for resident warps (65,536 registers per multiprocessor hold
-    ``65536 // (32 * REG)`` warps); ``only``: just the variants whose label contains it.
+    ``65536 // (32 * REG)`` warps); ``only``: just the variants whose label contains it;
+    ``instructions``: each line also gives :func:`instruction_counts` of the cubin.
     """
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("compile_check needs TRITON_INTERPRET unset (the interpreter replaces @triton.jit)")
@@ -187,8 +224,11 @@ def resource_usage(
             fh.write(kernel.asm["cubin"])
             fh.flush()
             usage = subprocess.run([str(tool), "--dump-resource-usage", fh.name], capture_output=True, text=True, check=True).stdout
+            sass = subprocess.run([str(tool), "-sass", fh.name], capture_output=True, text=True, check=True).stdout if instructions else ""
         line = next(s for s in usage.splitlines() if "REG:" in s)
         report[label] = " ".join(f for f in line.split() if f.split(":")[0] in ("REG", "STACK", "LOCAL"))
+        if instructions:
+            report[label] += " " + " ".join(f"{c}:{n}" for c, n in instruction_counts(sass).items())
     if not report:
         labels = ", ".join(repr(v[2]) for v in _variants(dbwd_only))
         raise ValueError(f"only={only!r} matches no kernel variant; the labels: {labels}")
@@ -279,6 +319,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dbwd-only", action="store_true", help="only the fused double-backward kernels")
     parser.add_argument("--maxnreg", type=int, default=None, help="register cap per thread (Triton's maxnreg option)")
     parser.add_argument("--only", default=None, metavar="TEXT", help="only the kernel variants whose label contains TEXT")
+    parser.add_argument("--instructions", action="store_true", help="also count the machine instructions by class")
     parser.add_argument("--linear-tiles", nargs="+", help="compile the grouped matmul with these FLASHCART_LINEAR_TILES values instead")
     parser.add_argument(
         "--linear-key", default=None, help="with --linear-tiles: compile for this map's contiguous axes (e.g. '3|3|64|64|4,6,7,6')"
@@ -297,7 +338,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"linear {label:25s} {usage}")
         return
     try:
-        usage = resource_usage(args.key, args.dtype, args.block_f, args.dbwd_only, args.maxnreg, args.only)
+        usage = resource_usage(args.key, args.dtype, args.block_f, args.dbwd_only, args.maxnreg, args.only, args.instructions)
     except ValueError as exc:
         parser.error(str(exc))
     for label, line in usage.items():
