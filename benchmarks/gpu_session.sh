@@ -189,6 +189,9 @@
 #            cProfile) and 1; padded with FLASHCART_STATIC_LIST=1 (about 8 minutes)
 #   night2   one GPU, after night1: the norm forms' GPU test, their A/B tail (0, 1), padded without static lists, the
 #            kernel list with the forms, the calls without dynamo's guards (about 9 minutes)
+#   static   one GPU: FLASHCART_STATIC_SHAPES 0/1 on the published convolution's kernels (kernels.py), its GPU parity,
+#            then the profiler's call with it (about 9.5 minutes)
+#   static2  one GPU: the profiler's call without and with static shapes, the model's GPU tests with them, the training step's kernels
 #   walk     one GPU: graph_bound with static lists 0/1 and the first convolution's backward as the sender walk
 #            (FLASHCART_SENDER_WALK_BACKWARD), then its GPU parity (about 9.5 minutes; WALK_PROFILE=1 adds the profiler first)
 #   walktests one GPU: the static lists' GPU test, the model's table test with the sender walk, its kernel list
@@ -1256,6 +1259,30 @@ one)
     > "$out/tests_model.log" 2>&1
   gpu_tests 0 "tests/test_profiler.py::test_host_gpu_split_on_cuda:50" > "$out/tests_hostgpu.log" 2>&1
   ;;
+static)
+  # 2026-12-07 (about 9.5 minutes): FLASHCART_STATIC_SHAPES, the products' kernels compiled for their sizes (channels and
+  # row widths as constexprs: no address arithmetic per load; for sm_90 the one-pass backward at 20 channels 128
+  # registers without spills instead of 255 with 256 spilled bytes). The published convolution's kernels (forward,
+  # backward, fused double backward; per-pair rows, 20 and 64 channels) without and with it, a process each; the GPU
+  # parity with it (float64: Triton == PyTorch to second order, the fused double backward, the tables); then the
+  # profiler's call (graph_bound with tables, unpadded, static lists 0) with it
+  for v in 0 1; do
+    FLASHCART_STATIC_SHAPES=$v timeout 140 python3 benchmarks/kernels.py --features 20 64 --out-l-max 3 --backends triton --dbwd fused \
+      --row-sums atomic > "$out/kernels_shapes$v.log" 2>&1
+  done
+  FLASHCART_STATIC_SHAPES=1 gpu_tests 0 "tests/cartesian/test_triton_parity.py tests/cartesian/test_weight_table.py tests/cartesian/test_fused_double_backward.py:150" \
+    > "$out/tests_shapes.log" 2>&1
+  FLASHCART_STATIC_SHAPES=1 FLASHCART_STATIC_LIST=0 bound_s 150 bound_shapes1.log --rounds 5
+  ;;
+static2)
+  # after part static: the profiler's call without and with static shapes (graph_bound, tables, unpadded), the model's GPU
+  # tests with them (Triton == PyTorch with training gradients, compiled == eager, tables), the training step's kernels
+  FLASHCART_STATIC_SHAPES=0 FLASHCART_STATIC_LIST=0 bound_s 170 bound_shapes0.log --rounds 5
+  FLASHCART_STATIC_SHAPES=1 FLASHCART_STATIC_LIST=0 bound_s 80 bound_shapes1b.log --rounds 5
+  FLASHCART_STATIC_SHAPES=1 gpu_tests 0 "tests/model/test_gpu_model.py:200" > "$out/tests_model_shapes.log" 2>&1
+  FLASHCART_STATIC_SHAPES=1 timeout 120 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases training \
+    --compile-mode default --repeat 5 --rows 30 > "$out/kernels_training_shapes.log" 2>&1
+  ;;
 walk)
   # 2026-12-07 (about 9.5 minutes): graph_bound with tables, unpadded as the profiler runs it (its "pipelined" line is the
   # profiler's s/run): static lists 0 (cold compile), static lists 1, then the first convolution's backward as the sender
@@ -1316,7 +1343,7 @@ slopesquick)
   table_ab 110 FLASHCART_TABLE_SLOPES=1 FLASHCART_TABLE_SLOPES=0 > "$out/profile_slopes.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (walk, walktests, tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, pathgroups, splitsauto, splitsautotrain, splitsparity, prefetch, prefetch2, geomdump, eagercache, rowwise, eagernext, eagersync, rmsforms, edges or ddp)"; exit 2
+  echo "unknown part $part (static, static2, walk, walktests, tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, pathgroups, splitsauto, splitsautotrain, splitsparity, prefetch, prefetch2, geomdump, eagercache, rowwise, eagernext, eagersync, rmsforms, edges or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done

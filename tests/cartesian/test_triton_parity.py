@@ -382,6 +382,7 @@ def test_index_prefetch_mode_and_auto_rule(monkeypatch):
         ("FLASHCART_TP_PIPELINE", "ops", "_pipeline_mode", True),
         ("FLASHCART_FUSED_CSR_BACKWARD", "ops", "_csr_backward_mode", True),
         ("FLASHCART_SENDER_WALK_BACKWARD", "ops", "_sender_walk_mode", False),
+        ("FLASHCART_STATIC_SHAPES", "signatures", "_static_shapes_mode", False),
         ("FLASHCART_LINEAR_UNIT", "ops", "_linear_unit_mode", True),
     ],
 )

@@ -12,6 +12,9 @@ thread, ``STACK``/``LOCAL`` bytes of spills)::
 compiles just the variants whose label contains ``TEXT``. ``--instructions`` adds the cubin's
 machine instructions by class (:func:`instruction_counts`): one program's straight-line work
 per thread, which for the products' kernels (one channel per thread) bounds their issue rate.
+With ``FLASHCART_STATIC_SHAPES=1`` the kernels are compiled for the sizes of ``--channels``
+channels (default ``--block-f``; input 2 one broadcast channel, as a convolution's edge
+attributes), the widths a model of that width passes (:func:`shape_values`).
 
 ``--linear-tiles T ...`` compiles the linear maps' grouped matmul instead, with ``--linear-key``
 (``'3|3|64|64|4,6,7,6'``) and ``--linear-kind`` (0 forward, 1 input gradient, 2 weight gradient)
@@ -177,6 +180,19 @@ def instruction_counts(sass: str) -> dict[str, int]:
     return counts
 
 
+def shape_values(key: str, channels: int) -> dict[str, int]:
+    """The :data:`~.signatures.SHAPE_ARGS` of configuration ``key`` at ``channels`` channels:
+    input 1 per channel, input 2 broadcast (one channel), weights per path and channel, input
+    2's gradient summed over channels."""
+    from .source import product_spec
+
+    spec = product_spec(key)
+    F = channels
+    x1, x2, w, out = spec.in1_comps * F, spec.in2_comps, spec.n_paths * F, spec.n_out_blocks * F
+    sizes = dict(F1S=1, F2S=0, F1C=F, F2C=1, F=F, x1_row=x1, x2_row=x2, w_row=w, out_row=out, go_row=out)
+    return sizes | dict(g1_row=x1, g2_row=x2, gw_row=w, dx1_row=x1, dx2_row=x2, dw_row=w)
+
+
 def resource_usage(
     key: str,
     dtype: str = "fp32",
@@ -185,6 +201,7 @@ def resource_usage(
     maxnreg: int | None = None,
     only: str | None = None,
     instructions: bool = False,
+    channels: int | None = None,
 ) -> dict[str, str]:
     """``{kernel variant: cuobjdump resource-usage line}`` for sm_90 (H100/H200).
 
@@ -193,7 +210,8 @@ def resource_usage(
     register cap per thread passed to ptxas (Triton's ``maxnreg`` option; ``None``: ptxas picks, at
     most 255), which trades spills for resident warps (65,536 registers per multiprocessor hold
     ``65536 // (32 * REG)`` warps); ``only``: just the variants whose label contains it;
-    ``instructions``: each line also gives :func:`instruction_counts` of the cubin.
+    ``instructions``: each line also gives :func:`instruction_counts` of the cubin; ``channels``:
+    the sizes of static-shape kernels (:func:`shape_values`; default ``block_f``).
     """
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("compile_check needs TRITON_INTERPRET unset (the interpreter replaces @triton.jit)")
@@ -216,7 +234,8 @@ def resource_usage(
         signature = {a: ("*i64" if a in _INDEX else f"*{dtype}") if a.endswith("_ptr") else "i32" for a in sig.args}
         signature |= {c: "constexpr" for c in sig.constexprs}
         defaults = {c: v for c, v in (("SPLITS", 1), ("PREFETCH", True), ("W_SLOPE", False), ("W_TABLE", False)) if c in sig.constexprs}
-        constexprs = {**defaults, **flags, "BLOCK_F": block_f, "DT": dts[dtype]}
+        sizes = {n: v for n, v in shape_values(key, channels or block_f).items() if n in sig.constexprs}
+        constexprs = {**defaults, **flags, **sizes, "BLOCK_F": block_f, "DT": dts[dtype]}
         src = ASTSource(fn=getattr(modules[which], sig.name), signature=signature, constexprs=constexprs)
         options = dict(num_warps=max(1, block_f // 32)) | ({} if maxnreg is None else {"maxnreg": maxnreg})
         kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
@@ -320,6 +339,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--maxnreg", type=int, default=None, help="register cap per thread (Triton's maxnreg option)")
     parser.add_argument("--only", default=None, metavar="TEXT", help="only the kernel variants whose label contains TEXT")
     parser.add_argument("--instructions", action="store_true", help="also count the machine instructions by class")
+    parser.add_argument("--channels", type=int, default=None, help="channels of static-shape kernels (FLASHCART_STATIC_SHAPES=1)")
     parser.add_argument("--linear-tiles", nargs="+", help="compile the grouped matmul with these FLASHCART_LINEAR_TILES values instead")
     parser.add_argument(
         "--linear-key", default=None, help="with --linear-tiles: compile for this map's contiguous axes (e.g. '3|3|64|64|4,6,7,6')"
@@ -338,7 +358,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"linear {label:25s} {usage}")
         return
     try:
-        usage = resource_usage(args.key, args.dtype, args.block_f, args.dbwd_only, args.maxnreg, args.only, args.instructions)
+        usage = resource_usage(
+            args.key, args.dtype, args.block_f, args.dbwd_only, args.maxnreg, args.only, args.instructions, args.channels
+        )
     except ValueError as exc:
         parser.error(str(exc))
     for label, line in usage.items():

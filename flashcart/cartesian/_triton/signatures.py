@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ..._env import env_switch
 from . import launcher
 
 __all__ = [
@@ -28,6 +29,9 @@ __all__ = [
     "EXPANSION_FWD",
     "EXPANSION_VJP",
     "EXPANSION_SECOND",
+    "STATIC_SHAPES",
+    "SHAPE_ARGS",
+    "product_signature",
 ]
 
 
@@ -45,6 +49,11 @@ class KernelSignature:
         return ["@triton.jit", f"def {self.name}(", *params, "):"]
 
     @cached_property
+    def static(self) -> tuple[str, ...]:
+        """The constexprs that are sizes (:data:`SHAPE_ARGS`: channels, row widths)."""
+        return tuple(c for c in self.constexprs if c in SHAPE_ARGS)
+
+    @cached_property
     def _names(self) -> frozenset[str]:
         return frozenset(self.args) | frozenset(self.constexprs)
 
@@ -59,6 +68,9 @@ class KernelSignature:
             missing, unknown = sorted(expected - values.keys()), sorted(values.keys() - expected)
             raise TypeError(f"kernel {self.name}: missing arguments {missing}, unknown arguments {unknown}")
         options = {} if num_warps is None else {"num_warps": num_warps}
+        for name in self.static:  # compile-time sizes: plain ints (a traced size is specialised)
+            if type(values[name]) is not int:
+                values[name] = int(values[name])
         launch_kernel(getattr(module, self.name), values[self.args[0]], grid, values, options)
 
 
@@ -88,6 +100,37 @@ def traceable(kernel: Any, probe: Any) -> Any:
     return torch.library.wrap_triton(kernel) if tracing else kernel
 
 
+def _static_shapes_mode() -> bool:
+    """``FLASHCART_STATIC_SHAPES``: ``1`` compiles the tensor products' kernels for their channel
+    counts and row widths (:data:`SHAPE_ARGS` as ``tl.constexpr``: every operand address is a
+    base plus constant offsets, so no address arithmetic per load; one compiled kernel per
+    model layer, as the widths are the model's); ``0`` (default, until timed on a GPU) takes
+    them as run-time arguments. Compiled for sm_90 at 20 channels the second convolution's
+    one-pass backward then holds 128 registers without spills (255 and 256 spilled bytes) and
+    its edge step shrinks from 2,369 to 1,827 instructions (``compile_check --instructions``,
+    benchmarks/RESULTS.md 2026-12-07). Read at import: the generated modules' parameter lists
+    follow it (their cache files are named by it)."""
+    return env_switch("FLASHCART_STATIC_SHAPES", default=False)
+
+
+STATIC_SHAPES = _static_shapes_mode()
+
+# The products' sizes: channel strides and counts of the inputs (F1S, F2S, F1C, F2C), the output
+# channels (F) and the row widths of every operand and result (elements).
+SHAPE_ARGS = frozenset(
+    {"F1S", "F2S", "F1C", "F2C", "F"}
+    | {"x1_row", "x2_row", "w_row", "out_row", "go_row", "g1_row", "g2_row", "gw_row", "dx1_row", "dx2_row", "dw_row"}
+)
+
+
+def product_signature(name: str, args: tuple[str, ...], constexprs: tuple[str, ...]) -> KernelSignature:
+    """A tensor-product kernel's signature: with :data:`STATIC_SHAPES` its :data:`SHAPE_ARGS` move
+    from the run-time arguments to the constexprs (first, in their order)."""
+    if not STATIC_SHAPES:
+        return KernelSignature(name, args, constexprs)
+    return KernelSignature(name, tuple(a for a in args if a not in SHAPE_ARGS), (*(a for a in args if a in SHAPE_ARGS), *constexprs))
+
+
 # Tensor products (one generated module per configuration, see codegen.generate_product_source).
 # *_ptr: tensor data; *_row: row strides (elements); F1S/F2S: channel stride of input 1/2
 # (0 for a broadcast one-channel input); F1C/F2C: channels of input 1/2; F: output channels.
@@ -115,7 +158,7 @@ def traceable(kernel: Any, probe: Any) -> Any:
 # in rows s * nodes + node of a [SPLITS * nodes, ...] output that the launcher sums (per-edge
 # results are written once, as without splits). 1: one program per node.
 _TABLE = ("t_ptr", "geom_ptr", "tab_n")  # W_TABLE's arguments
-TP_FWD = KernelSignature(
+TP_FWD = product_signature(
     "tp_fwd",
     args=(
         "x1_ptr",
@@ -142,12 +185,12 @@ TP_FWD = KernelSignature(
 _BWD_TENSORS = ("go_ptr", "x1_ptr", "x2_ptr", "w_ptr", "ws_ptr", "widx_ptr", "wrows_ptr", "g1_ptr", "g2_ptr", "gw_ptr", *_TABLE)
 _BWD_ROWS = ("go_row", "x1_row", "x2_row", "w_row", "g1_row", "g2_row", "gw_row")
 _CHANNELS = ("F1S", "F2S", "F1C", "F2C", "F")
-TP_BWD_EDGE = KernelSignature(
+TP_BWD_EDGE = product_signature(
     "tp_bwd_edge",
     args=(*_BWD_TENSORS, "recv_ptr", "send_ptr", *_BWD_ROWS, *_CHANNELS),
     constexprs=("CONV", "W_INDEX", "W_ROWS", "W_SLOPE", "W_TABLE", "NEED_G1", "NEED_G2", "NEED_GW", "REDUCE_G2", "BLOCK_F", "DT"),
 )
-TP_BWD_X1_CSR = KernelSignature(
+TP_BWD_X1_CSR = product_signature(
     "tp_bwd_x1_csr",
     args=(
         "go_ptr",
@@ -172,7 +215,7 @@ TP_BWD_X1_CSR = KernelSignature(
 # The convolution backward in one pass per sender: the gradient of input 1 (as tp_bwd_x1_csr) and,
 # for each of the sender's edges, those of input 2 and the weights (as tp_bwd_edge), every edge
 # operand read once.
-TP_BWD_CSR = KernelSignature(
+TP_BWD_CSR = product_signature(
     "tp_bwd_csr",
     args=(*_BWD_TENSORS, "srowptr_ptr", "perm_ptr", "recv_ptr", *_BWD_ROWS, *_CHANNELS),
     constexprs=("W_INDEX", "W_ROWS", "W_SLOPE", "W_TABLE", "NEED_G2", "NEED_GW", "REDUCE_G2", "PREFETCH", "SPLITS", "BLOCK_F", "DT"),
@@ -187,7 +230,7 @@ TP_BWD_CSR = KernelSignature(
 # gradient is summed over each program's edges and stored per program row. ROW_GROUPS
 # (convolution mode): grid axis 2 splits the paths by output rank (N_ROW_GROUPS groups, fewer
 # registers per program); the input-2 result is then a partial sum per group.
-TP_DBWD_ROW = KernelSignature(
+TP_DBWD_ROW = product_signature(
     "tp_dbwd_row",
     args=(
         "go_ptr",
@@ -239,7 +282,7 @@ TP_DBWD_ROW = KernelSignature(
         "DT",
     ),
 )
-TP_DBWD_X1_CSR = KernelSignature(
+TP_DBWD_X1_CSR = product_signature(
     "tp_dbwd_x1_csr",
     args=(
         "go_ptr",

@@ -10,6 +10,7 @@ from .._cache import load_generated
 from .._paths import enumerate_paths
 from .codegen import generate_expansion_source, generate_product_source, out_offsets
 from .codegen_double import generate_double_backward_source
+from .signatures import STATIC_SHAPES
 
 __all__ = ["product_module", "double_backward_module", "expansion_module", "ProductSpec", "product_spec"]
 
@@ -37,11 +38,16 @@ def product_key(in1_l_max: int, in2_l_max: int, out_l_max: int, symmetric: bool,
     return f"{in1_l_max},{in2_l_max},{out_l_max},{int(symmetric)},{int(reduce)}"
 
 
+# The kernels' parameter lists follow FLASHCART_STATIC_SHAPES (signatures.STATIC_SHAPES), so their
+# cache files are named by it.
+_SHAPES_SUFFIX = "_static" if STATIC_SHAPES else ""
+
+
 @lru_cache(maxsize=None)
 def product_module(key: str) -> ModuleType:
     """Kernels for one configuration (generated on first use, then cached on disk)."""
     spec = product_spec(key)
-    name = "triton_tp_" + key.replace(",", "_")
+    name = "triton_tp_" + key.replace(",", "_") + _SHAPES_SUFFIX
     return load_generated(
         name,
         KERNEL_L_MAX,
@@ -54,7 +60,7 @@ def double_backward_module(key: str) -> ModuleType:
     """Fused double-backward kernels for one configuration: a module of their own, so that
     inference (forward and backward only) never generates or compiles them."""
     spec = product_spec(key)
-    name = "triton_tp_dbwd_" + key.replace(",", "_")
+    name = "triton_tp_dbwd_" + key.replace(",", "_") + _SHAPES_SUFFIX
     return load_generated(
         name,
         KERNEL_L_MAX,
