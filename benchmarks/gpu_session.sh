@@ -189,8 +189,8 @@
 #            cProfile) and 1; padded with FLASHCART_STATIC_LIST=1 (about 8 minutes)
 #   night2   one GPU, after night1: the norm forms' GPU test, their A/B tail (0, 1), padded without static lists, the
 #            kernel list with the forms, the calls without dynamo's guards (about 9 minutes)
-#   static   one GPU: FLASHCART_STATIC_SHAPES 0/1 on the published convolution's kernels (kernels.py), its GPU parity,
-#            then the profiler's call with it (about 9.5 minutes)
+#   static   one GPU: FLASHCART_STATIC_SHAPES 0/1 on the published convolution's kernels (kernels.py), with it the walks
+#            split 2 and 4 ways, then its GPU parity (about 9 minutes)
 #   static2  one GPU: the profiler's call without and with static shapes, the model's GPU tests with them, the training step's kernels
 #   walk     one GPU: graph_bound with static lists 0/1 and the first convolution's backward as the sender walk
 #            (FLASHCART_SENDER_WALK_BACKWARD), then its GPU parity (about 9.5 minutes; WALK_PROFILE=1 adds the profiler first)
@@ -1263,22 +1263,24 @@ static)
   # 2026-12-07 (about 9.5 minutes): FLASHCART_STATIC_SHAPES, the products' kernels compiled for their sizes (channels and
   # row widths as constexprs: no address arithmetic per load; for sm_90 the one-pass backward at 20 channels 128
   # registers without spills instead of 255 with 256 spilled bytes). The published convolution's kernels (forward,
-  # backward, fused double backward; per-pair rows, 20 and 64 channels) without and with it, a process each; the GPU
-  # parity with it (float64: Triton == PyTorch to second order, the fused double backward, the tables); then the
-  # profiler's call (graph_bound with tables, unpadded, static lists 0) with it
+  # backward, fused double backward; per-pair rows, 20 and 64 channels) without and with it, a process each; with it
+  # the walks split 2 and 4 ways at 20 channels (fewer registers: more warps fit, so more programs may now pay); the
+  # GPU parity with it (float64: Triton == PyTorch to second order, the tables, the fused double backward)
   for v in 0 1; do
-    FLASHCART_STATIC_SHAPES=$v timeout 140 python3 benchmarks/kernels.py --features 20 64 --out-l-max 3 --backends triton --dbwd fused \
+    FLASHCART_STATIC_SHAPES=$v timeout 130 python3 benchmarks/kernels.py --features 20 64 --out-l-max 3 --backends triton --dbwd fused \
       --row-sums atomic > "$out/kernels_shapes$v.log" 2>&1
   done
-  FLASHCART_STATIC_SHAPES=1 gpu_tests 0 "tests/cartesian/test_triton_parity.py tests/cartesian/test_weight_table.py tests/cartesian/test_fused_double_backward.py:150" \
+  FLASHCART_STATIC_SHAPES=1 timeout 110 python3 benchmarks/kernels.py --features 20 --out-l-max 3 --backends triton --dbwd fused \
+    --row-sums atomic --splits 2 4 > "$out/kernels_shapes1_splits.log" 2>&1
+  FLASHCART_STATIC_SHAPES=1 gpu_tests 0 "tests/cartesian/test_triton_parity.py tests/cartesian/test_weight_table.py tests/cartesian/test_fused_double_backward.py:160" \
     > "$out/tests_shapes.log" 2>&1
-  FLASHCART_STATIC_SHAPES=1 FLASHCART_STATIC_LIST=0 bound_s 150 bound_shapes1.log --rounds 5
   ;;
 static2)
-  # after part static: the profiler's call without and with static shapes (graph_bound, tables, unpadded), the model's GPU
-  # tests with them (Triton == PyTorch with training gradients, compiled == eager, tables), the training step's kernels
+  # after part static: the profiler's call without and with static shapes (graph_bound, tables, unpadded: its "pipelined"
+  # line is the profiler's s/run), the model's GPU tests with them (Triton == PyTorch with training gradients, compiled ==
+  # eager, tables), the training step's kernels with them
   FLASHCART_STATIC_SHAPES=0 FLASHCART_STATIC_LIST=0 bound_s 170 bound_shapes0.log --rounds 5
-  FLASHCART_STATIC_SHAPES=1 FLASHCART_STATIC_LIST=0 bound_s 80 bound_shapes1b.log --rounds 5
+  FLASHCART_STATIC_SHAPES=1 FLASHCART_STATIC_LIST=0 bound_s 110 bound_shapes1.log --rounds 5
   FLASHCART_STATIC_SHAPES=1 gpu_tests 0 "tests/model/test_gpu_model.py:200" > "$out/tests_model_shapes.log" 2>&1
   FLASHCART_STATIC_SHAPES=1 timeout 120 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases training \
     --compile-mode default --repeat 5 --rows 30 > "$out/kernels_training_shapes.log" 2>&1
