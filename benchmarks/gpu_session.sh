@@ -190,7 +190,7 @@
 #   night2   one GPU, after night1: the norm forms' GPU test, their A/B tail (0, 1), padded without static lists, the
 #            kernel list with the forms, the calls without dynamo's guards (about 9 minutes)
 #   static   one GPU: FLASHCART_STATIC_SHAPES 0/1 on the published convolution's kernels (kernels.py), with it the walks
-#            split 2 and 4 ways, then its GPU parity (about 9 minutes)
+#            split 2 and 4 ways, then its GPU parity (about 9 minutes; STATIC_SHORT=1 skips the splits: about 7)
 #   static2  one GPU: the profiler's call without and with static shapes, the model's GPU tests with them, the training step's kernels
 #   walk     one GPU: graph_bound with static lists 0/1 and the first convolution's backward as the sender walk
 #            (FLASHCART_SENDER_WALK_BACKWARD), then its GPU parity (about 9.5 minutes; WALK_PROFILE=1 adds the profiler first)
@@ -1270,8 +1270,8 @@ static)
     FLASHCART_STATIC_SHAPES=$v timeout 130 python3 benchmarks/kernels.py --features 20 64 --out-l-max 3 --backends triton --dbwd fused \
       --row-sums atomic > "$out/kernels_shapes$v.log" 2>&1
   done
-  FLASHCART_STATIC_SHAPES=1 timeout 110 python3 benchmarks/kernels.py --features 20 --out-l-max 3 --backends triton --dbwd fused \
-    --row-sums atomic --splits 2 4 > "$out/kernels_shapes1_splits.log" 2>&1
+  [ -n "$STATIC_SHORT" ] || FLASHCART_STATIC_SHAPES=1 timeout 110 python3 benchmarks/kernels.py --features 20 --out-l-max 3 --backends triton \
+    --dbwd fused --row-sums atomic --splits 2 4 > "$out/kernels_shapes1_splits.log" 2>&1
   FLASHCART_STATIC_SHAPES=1 gpu_tests 0 "tests/cartesian/test_triton_parity.py tests/cartesian/test_weight_table.py tests/cartesian/test_fused_double_backward.py:160" \
     > "$out/tests_shapes.log" 2>&1
   ;;

@@ -97,11 +97,12 @@ def _compile_counts(static: str) -> dict[str, int]:
 def test_static_shapes_take_address_arithmetic_and_spills_out_of_the_backward():
     """Compiled for sm_90 (bundled ptxas, no GPU): the second convolution's one-pass backward with a
     table, at 20 channels, has the same floating-point work with static shapes, but spills nothing
-    (at run-time sizes: 256 bytes), holds fewer registers and issues under 85 % of the instructions
-    (the loads' offsets are constants: no address arithmetic per load)."""
+    (at run-time sizes: 256 bytes), holds fewer registers and issues under 80 % of the instructions
+    (the loads' offsets are constants and the loads unmasked: no address arithmetic per load, no
+    masked lanes to set; 1,848 against 2,744 with Triton 3.9)."""
     pytest.importorskip("triton.backends.nvidia")
     runtime, static = _compile_counts("0"), _compile_counts("1")
     assert static["fp"] == pytest.approx(runtime["fp"], abs=4)
     assert static["STACK"] == 0 and static["spill"] == 0 and runtime["STACK"] > 0
     assert static["REG"] < runtime["REG"]
-    assert static["all"] < 0.85 * runtime["all"], (static, runtime)
+    assert static["all"] < 0.8 * runtime["all"], (static, runtime)

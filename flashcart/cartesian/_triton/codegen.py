@@ -34,6 +34,7 @@ vector-Jacobian product and the second-order kernel (Jacobian- and Hessian-vecto
 
 from __future__ import annotations
 
+import contextlib
 from fractions import Fraction
 
 from .._codegen_torch import bilinear_lines, literal, monomial
@@ -50,6 +51,33 @@ from .signatures import EXPANSION_FWD, EXPANSION_SECOND, EXPANSION_VJP, STATIC_S
 __all__ = ["generate_product_source", "generate_expansion_source", "out_offsets", "rank_groups"]
 
 _I = "    "
+
+# While the product kernels of a static-shape module are generated (:func:`generate_product_source`
+# with ``signatures.STATIC_SHAPES``): loads under the channel mask ``fm`` are emitted unmasked at
+# the clamped channels (``fc``; ``f1``/``f2`` from it), the lanes past ``F`` loading the last channel
+# again, and every channel sum masks those lanes instead. A masked load first sets its masked lanes
+# (an instruction per load, and registers to hold them).
+_CLAMP = False
+
+
+@contextlib.contextmanager
+def _channels_clamped(on: bool):
+    global _CLAMP
+    saved, _CLAMP = _CLAMP, on
+    try:
+        yield
+    finally:
+        _CLAMP = saved
+
+
+def _channel_lines(I: str, f1: bool = True, f2: bool = True) -> list[str]:
+    """``f1``/``f2``, the input channels (``fc`` and the clamped ones while :data:`_CLAMP`)."""
+    base = "f"
+    L = []
+    if _CLAMP:
+        L.append(f"{I}fc = tl.minimum(f, F - 1)")
+        base = "fc"
+    return L + ([f"{I}f1 = {base} * F1S"] if f1 else []) + ([f"{I}f2 = {base} * F2S"] if f2 else [])
 
 
 def _lit(c: Fraction, block: str = "BLOCK_F") -> str:
@@ -128,7 +156,8 @@ def load_weight(
     hold four times the loads in flight."""
     II = indent + _I
 
-    masked = "" if mask is None else f", mask={mask}, other=0.0"
+    masked = "" if mask is None or (_CLAMP and mask == "fm") else f", mask={mask}, other=0.0"
+    fvec = _clamped(fvec) if not masked else fvec
 
     def c(j: int) -> str:
         return f"tl.load({ptr} + {j} * w_row + {pi} * F + {fvec}{masked})"
@@ -148,7 +177,7 @@ def load_slope(indent: str, name: str, pi: int) -> list[str]:
     II = indent + _I
 
     def c(j: int) -> str:
-        return f"tl.load(pw + {j} * w_row + {pi} * F + f, mask=fm, other=0.0)"
+        return f"tl.load(pw + {j} * w_row + {pi} * F + fc)" if _CLAMP else f"tl.load(pw + {j} * w_row + {pi} * F + f, mask=fm, other=0.0)"
 
     return [
         f"{indent}if W_TABLE:",
@@ -187,9 +216,15 @@ def weight_grad_out(indent: str, ptr: str, base: str, row: str, pi: int, value: 
 
 def _load(name: str, ptr: str, index: str, fvec: str, mask: str | None = "fm") -> str:
     """``{name} = tl.load(...)`` at ``ptr + index + fvec``, masked lanes 0 (``mask=None``: unmasked)."""
-    if mask is None:
-        return f"{name} = tl.load({ptr} + {index} + {fvec})"
+    if mask is None or (_CLAMP and mask == "fm"):
+        return f"{name} = tl.load({ptr} + {index} + {_clamped(fvec)})"
     return f"{name} = tl.load({ptr} + {index} + {fvec}, mask={mask}, other=0.0)"
+
+
+def _clamped(fvec: str) -> str:
+    """The channel vector of an unmasked load: ``fc`` for ``f`` while :data:`_CLAMP` (``f1``/``f2``
+    are clamped where they are defined)."""
+    return "fc" if _CLAMP and fvec == "f" else fvec
 
 
 def _ranks(paths, attr):
@@ -249,8 +284,7 @@ def receiver_prologue(I: str) -> list[str]:
         f"{I}pf = tl.program_id(1)",
         f"{I}f = pf * BLOCK_F + tl.arange(0, BLOCK_F)",
         f"{I}fm = f < F",
-        f"{I}f1 = f * F1S",
-        f"{I}f2 = f * F2S",
+        *_channel_lines(I),
         f"{I}if CONV:",
         f"{II}start = tl.load(rowptr_ptr + row)",
         f"{II}end = tl.load(rowptr_ptr + row + 1)",
@@ -270,7 +304,7 @@ def sender_prologue(I: str) -> list[str]:
         f"{I}pf = tl.program_id(1)",
         f"{I}f = pf * BLOCK_F + tl.arange(0, BLOCK_F)",
         f"{I}fm = f < F",
-        f"{I}f2 = f * F2S",
+        *_channel_lines(I, f1=False),
         f"{I}start = tl.load(srowptr_ptr + j)",
         f"{I}end = tl.load(srowptr_ptr + j + 1)",
         *_split_range(I, "j"),
@@ -378,7 +412,6 @@ def _fwd_clamped(paths, offsets, n_out) -> list[str]:
     L = TP_FWD.header(_I)
     I, II, III, IIII = _I, _I * 2, _I * 3, _I * 4
     L += receiver_prologue(I) + table_prologue(I)
-    L += [f"{I}fc = tl.minimum(f, F - 1)", f"{I}f1 = fc * F1S", f"{I}f2 = fc * F2S"]
     L += [f"{I}acc{k} = tl.zeros([BLOCK_F], dtype=DT)" for k in range(n_out)]
     names = _operand_names(paths)
     L.append(f"{I}if PIPELINE:")
@@ -461,8 +494,7 @@ def _bwd_edge(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
         f"{I}r = tl.cast(tl.program_id(0), tl.int64)",
         f"{I}f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)",
         f"{I}fm = f < F",
-        f"{I}f1 = f * F1S",
-        f"{I}f2 = f * F2S",
+        *_channel_lines(I),
         f"{I}if CONV:",
         f"{II}gi = tl.load(recv_ptr + r)",
         f"{II}si = tl.load(send_ptr + r)",
@@ -555,7 +587,8 @@ def _grad_stores(ranks, indent, ptr, l_max, reduce_flag=None) -> list[str]:
         for i in range(2 * l + 1):
             value = f"g{l}_{i}" if l in ranks else "tl.zeros([BLOCK_F], dtype=DT)"
             stores.append(f"tl.store(pgo + {l * l + i} * F + f, {value}, mask=fm)")
-            sums.append(f"tl.store(pgo + {l * l + i}, tl.sum({value}, axis=0))")
+            summed = f"tl.where(fm, {value}, 0.0)" if _CLAMP and l in ranks else value  # lanes past F: the last channel again
+            sums.append(f"tl.store(pgo + {l * l + i}, tl.sum({summed}, axis=0))")
     if reduce_flag is None:
         return L + [indent + s for s in stores]
     L.append(f"{indent}if {reduce_flag}:")
@@ -619,7 +652,12 @@ def _table_edge(L, paths, indent: str, acc: str, in2_l_max: int, row: str) -> No
     L.append(f"{inner}if W_ROWS:")
     L += listed_mask(inner + _I, row)
     for pi, p in enumerate(paths):
-        L += [f"{indent}tc{j} = tl.load(pw + {j} * w_row + {pi} * F + f, mask=fm, other=0.0)" for j in range(4)]
+        L += [
+            f"{indent}tc{j} = tl.load(pw + {j} * w_row + {pi} * F + fc)"
+            if _CLAMP
+            else f"{indent}tc{j} = tl.load(pw + {j} * w_row + {pi} * F + f, mask=fm, other=0.0)"
+            for j in range(4)
+        ]
         L.append(f"{indent}w{pi} = (tc0 + ts * (tc1 + ts * (tc2 + ts * tc3))) * tin")
         L += _x1_grad_terms(p, pi, indent, acc)
         L.append(f"{indent}if NEED_G2:")
@@ -664,7 +702,7 @@ def _bwd_csr(paths, offsets, n_out, in1_l_max, in2_l_max) -> list[str]:
     L = TP_BWD_CSR.header(_I) + sender_prologue(_I) + table_prologue(_I)
     II = _I * 2
     III = II + _I
-    L += [f"{_I}f1 = f * F1S", f"{_I}pa = x1_ptr + j * x1_row"]
+    L += [f"{_I}f1 = {'fc' if _CLAMP else 'f'} * F1S", f"{_I}pa = x1_ptr + j * x1_row"]
     _sender_walk(L, paths, offsets, n_out, "h", hoist_w=True, g1=False)
     L.append(f"{II}if W_TABLE:")
     _table_edge(L, paths, III, "h", in2_l_max, "e")
@@ -688,10 +726,11 @@ def generate_product_source(paths: list[Path], in1_l_max: int, in2_l_max: int, o
         f"N_OUT_BLOCKS = {n_out}",
         "",
     ]
-    lines += (_fwd_clamped if STATIC_SHAPES else _fwd)(paths, offsets, n_out) + [""]
-    lines += _bwd_edge(paths, offsets, n_out, in1_l_max, in2_l_max) + [""]
-    lines += _bwd_x1_csr(paths, offsets, n_out, in1_l_max) + [""]
-    lines += _bwd_csr(paths, offsets, n_out, in1_l_max, in2_l_max) + [""]
+    with _channels_clamped(STATIC_SHAPES):
+        lines += (_fwd_clamped if STATIC_SHAPES else _fwd)(paths, offsets, n_out) + [""]
+        lines += _bwd_edge(paths, offsets, n_out, in1_l_max, in2_l_max) + [""]
+        lines += _bwd_x1_csr(paths, offsets, n_out, in1_l_max) + [""]
+        lines += _bwd_csr(paths, offsets, n_out, in1_l_max, in2_l_max) + [""]
     return "\n".join(lines) + "\n"
 
 

@@ -105,11 +105,13 @@ def _static_shapes_mode() -> bool:
     counts and row widths (:data:`SHAPE_ARGS` as ``tl.constexpr``: every operand address is a
     base plus constant offsets, so no address arithmetic per load; one compiled kernel per
     model layer, as the widths are the model's); ``0`` (default, until timed on a GPU) takes
-    them as run-time arguments. Compiled for sm_90 at 20 channels the second convolution's
-    one-pass backward then holds 128 registers without spills (255 and 256 spilled bytes) and
-    its edge step shrinks from 2,369 to 1,827 instructions (``compile_check --instructions``,
-    benchmarks/RESULTS.md 2026-12-07). Read at import: the generated modules' parameter lists
-    follow it (their cache files are named by it)."""
+    them as run-time arguments. With it the product kernels also load without masks (the
+    lanes past the channel count load the last channel again, ``codegen._channels_clamped``).
+    Compiled for sm_90 at 20 channels the second convolution's one-pass backward with a table
+    then holds 128 registers without spills (255 and 256 spilled bytes) and its kernel shrinks
+    from 2,744 to 1,848 instructions (``compile_check --instructions``, benchmarks/RESULTS.md
+    2026-12-07). Read at import: the generated modules' parameter lists follow it (their cache
+    files are named by it)."""
     return env_switch("FLASHCART_STATIC_SHAPES", default=False)
 
 
