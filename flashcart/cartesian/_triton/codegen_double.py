@@ -37,6 +37,7 @@ from __future__ import annotations
 from .._codegen_torch import bilinear_lines
 from .._expressions import product_table, product_vjp_a_table, product_vjp_b_table
 from .._paths import Path
+from . import codegen
 from .codegen import (
     _I,
     _lit,
@@ -53,7 +54,7 @@ from .codegen import (
     weight_grad_out,
     weight_row,
 )
-from .signatures import TP_DBWD_ROW, TP_DBWD_X1_CSR
+from .signatures import STATIC_SHAPES, TP_DBWD_ROW, TP_DBWD_X1_CSR
 
 __all__ = ["generate_double_backward_source"]
 
@@ -98,7 +99,9 @@ def _store_input_grad(indent: str, ptr: str, prefix: str, ranks, l_max: int, red
     values = [(l * l + i, f"{prefix}{l}_{i}" if l in ranks else "tl.zeros([BLOCK_F], dtype=DT)") for l, i in _comps(range(l_max + 1))]
     col = f"({group} * tl.num_programs(1) + pf) * {n}" if group else f"pf * {n}"
     L = [f"{indent}if {red}:"]
-    L += [f"{indent}{_I}tl.store({ptr} + {col} + {k}, tl.sum({v}, axis=0))" for k, v in values]
+    # with unmasked loads (codegen._channels_clamped) the lanes past F hold the last channel again
+    summed = [(k, f"tl.where(fm, {v}, 0.0)" if codegen._CLAMP and not v.startswith("tl.zeros") else v) for k, v in values]
+    L += [f"{indent}{_I}tl.store({ptr} + {col} + {k}, tl.sum({v}, axis=0))" for k, v in summed]
     L += [f"{indent}else:"]
     base = f"{group * n} * F + " if group else ""
     L += [f"{indent}{_I}tl.store({ptr} + {base}{k} * F + f, {v}, mask=fm)" for k, v in values]
@@ -329,6 +332,7 @@ def generate_double_backward_source(paths: list[Path], in1_l_max: int, in2_l_max
         f"N_ROW_GROUPS = {len(rank_groups(paths))}",
         "",
     ]
-    lines += _row_kernel(paths, offsets, n_out, in1_l_max, in2_l_max) + [""]
-    lines += _x1_csr_kernel(paths, offsets, n_out, in1_l_max) + [""]
+    with codegen._channels_clamped(STATIC_SHAPES):  # unmasked loads with static shapes, as the products'
+        lines += _row_kernel(paths, offsets, n_out, in1_l_max, in2_l_max) + [""]
+        lines += _x1_csr_kernel(paths, offsets, n_out, in1_l_max) + [""]
     return "\n".join(lines) + "\n"
