@@ -230,18 +230,10 @@ def test_fused_kernels_compile_for_sm90():
     """The interpreter does not check what Triton's compiler accepts (constexpr branches,
     loop-carried values): compile the fused kernels for sm_90 with the bundled ptxas (no GPU
     needed), in a process without TRITON_INTERPRET."""
-    import subprocess
-    import sys
+    from .test_triton_parity import run_compile_check
 
-    pytest.importorskip("triton.backends.nvidia")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    args = ["--key", "1,2,1,0,0", "--dtype", "fp64", "--block-f", "32", "--dbwd-only"]
-    run = subprocess.run(
-        [sys.executable, "-m", "flashcart.cartesian._triton.compile_check", *args], env=env, capture_output=True, text=True
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    lines = run.stdout.splitlines()
-    assert len(lines) == 12 and all("REG:" in line for line in lines), run.stdout
+    lines = run_compile_check("--key", "1,2,1,0,0", "--dtype", "fp64", "--block-f", "32", "--dbwd-only")
+    assert len(lines) == 12 and all("REG:" in line for line in lines), lines
 
 
 # ---------------------------------------------------------------------------------------

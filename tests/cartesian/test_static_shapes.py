@@ -10,6 +10,8 @@ import pytest
 
 from flashcart.cartesian._backend import triton_available
 
+from .test_triton_parity import run_compile_check
+
 pytestmark = pytest.mark.skipif(not triton_available(), reason="needs triton")
 
 # A child process: the published second convolution (node ranks 0..2 x edge ranks 0..3 -> 0..3)
@@ -83,14 +85,9 @@ def test_static_shape_kernels_equal_the_pytorch_backend():
 
 
 def _compile_counts(static: str) -> dict[str, int]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"FLASHCART_STATIC_SHAPES": static}
     label = "tp_bwd_csr g1+g2+gw, slopes, table"
     args = ["--key", "2,3,3,0,0", "--block-f", "32", "--channels", "20", "--only", label, "--instructions"]
-    run = subprocess.run(
-        [sys.executable, "-m", "flashcart.cartesian._triton.compile_check", *args], env=env, capture_output=True, text=True
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    (line,) = [s for s in run.stdout.splitlines() if s.startswith(label)]
+    (line,) = [s for s in run_compile_check(*args, FLASHCART_STATIC_SHAPES=static) if s.startswith(label)]
     return {k: int(v) for k, v in (f.split(":") for f in line[len(label) :].split())}
 
 
@@ -100,7 +97,6 @@ def test_static_shapes_take_address_arithmetic_and_spills_out_of_the_backward():
     (at run-time sizes: 256 bytes), holds fewer registers and issues under 80 % of the instructions
     (the loads' offsets are constants and the loads unmasked: no address arithmetic per load, no
     masked lanes to set; 1,848 against 2,744 with Triton 3.9)."""
-    pytest.importorskip("triton.backends.nvidia")
     runtime, static = _compile_counts("0"), _compile_counts("1")
     assert static["fp"] == pytest.approx(runtime["fp"], abs=4)
     assert static["STACK"] == 0 and static["spill"] == 0 and runtime["STACK"] > 0

@@ -558,24 +558,30 @@ def test_forward_and_input_gradient_split_rules(device, rule, fwd_splits, bwd_sp
     assert_close(grads[1], grads[0], 1e-12, f"input gradient in {bwd_splits} splits")
 
 
+def run_compile_check(*args: str, **env: str) -> list[str]:
+    """``python -m flashcart.cartesian._triton.compile_check ARGS`` in a child process without
+    ``TRITON_INTERPRET`` (the interpreter replaces ``@triton.jit``), with the environment variables
+    ``env`` set; its output lines, after checking that it succeeded."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia")
+    child = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | env
+    run = subprocess.run(
+        [sys.executable, "-m", "flashcart.cartesian._triton.compile_check", *args], env=child, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout.splitlines()
+
+
 @pytest.mark.skipif(not triton_available(), reason="needs triton")
 def test_instruction_counts_of_the_first_convolution():
     """``compile_check --instructions`` on the first convolution's kernels (scalar node features,
     edge ranks 0..3, 32 channels, a table): the forward sums nothing across channels; the per-edge
     backward and the sender walk sum each edge's 16 input-2 components and ``t``'s gradient over
     the warp's 32 lanes, 17 sums of 5 shuffles each; nothing spills."""
-    import subprocess
-    import sys
-
-    pytest.importorskip("triton.backends.nvidia")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    args = ["--key", "0,3,3,0,0", "--block-f", "32", "--only", "table", "--instructions"]
-    run = subprocess.run(
-        [sys.executable, "-m", "flashcart.cartesian._triton.compile_check", *args], env=env, capture_output=True, text=True
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
     counts = {}
-    for line in run.stdout.splitlines():
+    for line in run_compile_check("--key", "0,3,3,0,0", "--block-f", "32", "--only", "table", "--instructions"):
         label, _, fields = line.partition(" REG:")
         counts[label.strip()] = dict(f.split(":") for f in ("REG:" + fields).split())
     assert {"tp_fwd conv, pipelined, table", "tp_bwd_edge conv g2+gw, slopes, table", "tp_bwd_csr g1+g2+gw, slopes, table"} <= counts.keys()
@@ -593,19 +599,9 @@ def test_linear_kernel_compiles_for_sm90_without_spills():
     TRITON_INTERPRET) keeps its default tiles in registers, float32 and float64 (with 64-bit
     index division the old 32x32x32 float32 tile used 255 registers and spilled 112 bytes; the
     wide tile without tl.dot, in float64, spills 120)."""
-    import subprocess
-    import sys
-
-    pytest.importorskip("triton.backends.nvidia")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     for dtype, tiles in (("fp32", ["32x32x16x4x2", "64x64x16x4x2", "64x64x32x4x3:tf32x3"]), ("fp64", ["32x32x16x4x2"])):
-        args = ["--linear-tiles", *tiles, "--dtype", dtype]
-        run = subprocess.run(
-            [sys.executable, "-m", "flashcart.cartesian._triton.compile_check", *args], env=env, capture_output=True, text=True
-        )
-        assert run.returncode == 0, run.stderr[-3000:]
-        lines = [line for line in run.stdout.splitlines() if line.startswith("linear")]
-        assert len(lines) == len(tiles) and all("STACK:0 " in line + " " and "LOCAL:0" in line for line in lines), run.stdout
+        lines = [line for line in run_compile_check("--linear-tiles", *tiles, "--dtype", dtype) if line.startswith("linear")]
+        assert len(lines) == len(tiles) and all("STACK:0 " in line + " " and "LOCAL:0" in line for line in lines), lines
 
 
 @pytest.mark.skipif(not triton_available(), reason="needs triton")
@@ -614,21 +610,12 @@ def test_linear_unit_axes_compile_to_16_byte_loads():
     input and weight gradients, operands 16-byte aligned), the grouped matmul copies its
     float32 operand tiles with 16-byte ``cp.async`` and no 4-byte ones (with the general
     addressing every copy was 4 bytes), without spills, and without ``tl.dot`` (float64) too."""
-    import subprocess
-    import sys
-
-    pytest.importorskip("triton.backends.nvidia")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     key = "3|3|64|64|4,6,7,6"
     for dtype, tiles in (("fp32", ["64x64x16x4x2", "32x32x16x4x2"]), ("fp64", ["32x32x16x4x2"])):
         for kind in ("0", "1", "2"):
             args = ["--linear-tiles", *tiles, "--dtype", dtype, "--linear-key", key, "--linear-kind", kind]
-            run = subprocess.run(
-                [sys.executable, "-m", "flashcart.cartesian._triton.compile_check", *args], env=env, capture_output=True, text=True
-            )
-            assert run.returncode == 0, run.stderr[-3000:]
-            lines = [line for line in run.stdout.splitlines() if line.startswith("linear")]
-            assert len(lines) == len(tiles), run.stdout
+            lines = [line for line in run_compile_check(*args) if line.startswith("linear")]
+            assert len(lines) == len(tiles), lines
             for line in lines:
                 assert "STACK:0 " in line and "LOCAL:0" in line, line
                 assert " 16B:" in line and " 4B:" not in line, line

@@ -366,35 +366,21 @@ def _fwd_operands(paths, indent: str, edge: str, prefix: str, mask: str | None) 
     ``prefix``) under ``mask``: its sender's row of input 1, its row of input 2, its weight row.
     Defines ``lm``: the channels in range, for an edge before ``end`` (a vector comparison: the
     interpreter cannot combine a scalar condition with a vector mask). ``mask=None``: ``edge`` is
-    an edge of the walk, loaded without masks at the clamped channels ``fc``, ``f1``, ``f2``
-    (:func:`_fwd_clamped`)."""
-    if mask is None:
-        L = [
-            f"{indent}if CONV:",
-            f"{indent}{_I}src = tl.load(send_ptr + {edge})",
-            f"{indent}else:",
-            f"{indent}{_I}src = {edge}",
-            *weight_row(indent, edge, table=True),
-            f"{indent}pa = x1_ptr + src * x1_row",
-            f"{indent}pb = x2_ptr + {edge} * x2_row",
-        ]
-        _load_inputs(L, paths, indent, prefix=prefix, mask=None)
-        for pi in range(len(paths)):
-            L += load_weight(indent, f"{prefix}w{pi}", pi, None, fvec="fc")
-        return L
+    an edge of the walk, loaded without masks at the clamped channels (:func:`_fwd_clamped`)."""
+    guard = "" if mask is None else f", mask={edge} < end, other=0"
     L = [
         f"{indent}if CONV:",
-        f"{indent}{_I}src = tl.load(send_ptr + {edge}, mask={edge} < end, other=0)",
+        f"{indent}{_I}src = tl.load(send_ptr + {edge}{guard})",
         f"{indent}else:",
         f"{indent}{_I}src = {edge}",
         f"{indent}if W_INDEX:",
-        f"{indent}{_I}wr = tl.load(widx_ptr + {edge}, mask={edge} < end, other=0)",
+        f"{indent}{_I}wr = tl.load(widx_ptr + {edge}{guard})",
         f"{indent}else:",
         f"{indent}{_I}wr = {edge}",
-        f"{indent}lm = fm & (f * 0 + {edge} < end)",
+        *([] if mask is None else [f"{indent}lm = fm & (f * 0 + {edge} < end)"]),
         f"{indent}pa = x1_ptr + src * x1_row",
         f"{indent}pb = x2_ptr + {edge} * x2_row",
-        *table_row(indent, "pw", mask=f"{edge} < end"),
+        *table_row(indent, "pw", mask=None if mask is None else f"{edge} < end"),
     ]
     _load_inputs(L, paths, indent, prefix=prefix, mask=mask)
     for pi in range(len(paths)):
