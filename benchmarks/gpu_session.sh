@@ -1285,6 +1285,16 @@ static2)
   FLASHCART_STATIC_SHAPES=1 timeout 120 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases training \
     --compile-mode default --repeat 5 --rows 30 > "$out/kernels_training_shapes.log" 2>&1
   ;;
+static3)
+  # 2026-12-07 afternoon, after part static (H100: static shapes took the fused double backward from 1.509 to 1.119 ms at 20
+  # channels, and with every walk split 4 ways the backward from 0.618 to 0.544 ms): the profiler's call (graph_bound, tables,
+  # unpadded) without static shapes, then with them and 4 splits; then the model's GPU tests and the fused double
+  # backward's and the tables' parity with them (float64)
+  FLASHCART_STATIC_SHAPES=0 FLASHCART_STATIC_LIST=0 bound_s 170 bound_shapes0.log --rounds 5
+  FLASHCART_STATIC_SHAPES=1 FLASHCART_TP_SPLITS=4 FLASHCART_STATIC_LIST=0 bound_s 120 bound_shapes1_splits4.log --rounds 5
+  FLASHCART_STATIC_SHAPES=1 FLASHCART_TP_SPLITS=4 gpu_tests 0 "tests/model/test_gpu_model.py:150" \
+    "tests/cartesian/test_fused_double_backward.py tests/cartesian/test_weight_table.py:110" > "$out/tests_shapes_model.log" 2>&1
+  ;;
 walk)
   # 2026-12-07 (about 9.5 minutes): graph_bound with tables, unpadded as the profiler runs it (its "pipelined" line is the
   # profiler's s/run): static lists 0 (cold compile), static lists 1, then the first convolution's backward as the sender

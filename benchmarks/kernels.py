@@ -264,7 +264,7 @@ def main() -> None:
             row = dict(
                 F=F,
                 backend=backend,
-                splits=f"{common.walk_splits(True, tp.n_paths)}/{common.DBWD_SPLITS}",
+                splits=f"{common.walk_splits(True, tp.n_paths, channels=F)}/{common.DBWD_SPLITS}",
                 rows=row_sum or "edge",
                 prefetch=common.INDEX_PREFETCH,
                 paths=tp.n_paths,

@@ -1,6 +1,7 @@
 """``FLASHCART_STATIC_SHAPES``: the tensor products' kernels compiled for their sizes (channel
-counts and row widths as ``tl.constexpr``). The switch is read at import (the generated modules'
-parameter lists follow it), so these tests run the kernels in child processes with it set."""
+counts and row widths as ``tl.constexpr``; the default) or taking them as run-time arguments
+(``0``). The switch is read at import (the generated modules' parameter lists follow it), so
+these tests run the kernels in child processes with it set either way."""
 
 import os
 import subprocess
@@ -19,6 +20,7 @@ pytestmark = pytest.mark.skipif(not triton_available(), reason="needs triton")
 # node features) with a table, on the Triton backend against the PyTorch backend: forward, every
 # first derivative and the derivative of a scalar of first derivatives (float64).
 _CHILD = r"""
+import os
 import torch
 from flashcart.cartesian import TensorProduct, WeightRows, WeightTable
 from flashcart.cartesian._triton import signatures
@@ -26,10 +28,12 @@ from flashcart.cartesian._triton.source import product_module, double_backward_m
 from flashcart.cartesian._weight_table import table_geometry
 from flashcart.testing import assert_close
 
-assert signatures.STATIC_SHAPES
-assert set(signatures.TP_BWD_CSR.static) == {"go_row", "x1_row", "x2_row", "w_row", "g1_row", "g2_row", "gw_row",
-                                             "F1S", "F2S", "F1C", "F2C", "F"}
-assert "_static_" in product_module("2,3,3,0,0").__file__ and "_static_" in double_backward_module("2,3,3,0,0").__file__
+static = os.environ["FLASHCART_STATIC_SHAPES"] == "1"
+assert signatures.STATIC_SHAPES is static
+assert set(signatures.TP_BWD_CSR.static) == ({"go_row", "x1_row", "x2_row", "w_row", "g1_row", "g2_row", "gw_row",
+                                              "F1S", "F2S", "F1C", "F2C", "F"} if static else set())
+names = product_module("2,3,3,0,0").__file__, double_backward_module("2,3,3,0,0").__file__
+assert all(("_static_" in name) is static for name in names), names
 g = torch.Generator().manual_seed(7)
 n, E, F = 5, 11, 20
 recv = torch.sort(torch.randint(0, n - 1, (E,), generator=g)).values  # sorted; the last node receives nothing
@@ -74,12 +78,13 @@ print("ok")
 """
 
 
-def test_static_shape_kernels_equal_the_pytorch_backend():
-    """With ``FLASHCART_STATIC_SHAPES=1`` (interpreter, float64): the kernels' sizes are constexprs,
-    their generated modules cached under names of their own, and the second convolution with pair
-    rows equals the PyTorch backend to second order (1e-12 first order, 1e-10 second), the first
-    convolution with a table in the forward."""
-    env = {**os.environ, "FLASHCART_STATIC_SHAPES": "1", "TRITON_INTERPRET": "1"}
+@pytest.mark.parametrize("static", ["1", "0"])
+def test_static_shape_kernels_equal_the_pytorch_backend(static):
+    """With ``FLASHCART_STATIC_SHAPES`` 1 and 0 (interpreter, float64): the kernels' sizes are
+    constexprs (1) or arguments (0), their generated modules cached under names of their own, and
+    the second convolution with pair rows equals the PyTorch backend to second order (1e-12 first
+    order, 1e-10 second), the first convolution with a table in the forward."""
+    env = {**os.environ, "FLASHCART_STATIC_SHAPES": static, "TRITON_INTERPRET": "1"}
     run = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), (run.stdout[-2000:], run.stderr[-4000:])
 

@@ -296,15 +296,26 @@ def test_splits_mode_from_environment(variable, default, monkeypatch):
 
 def test_auto_splits_follow_the_path_count(monkeypatch):
     """``FLASHCART_TP_SPLITS=auto``: 16 // paths walk splits, 1 to 4, for the forward and backward
-    walks of convolutions only; the double backward keeps ``DBWD_SPLITS``."""
+    walks of convolutions only, or 4 with static shapes at up to 32 channels (one warp a
+    program); the double backward keeps ``DBWD_SPLITS``."""
     import flashcart.cartesian._triton.common as common
 
-    assert [common.auto_splits(n) for n in (1, 4, 5, 8, 9, 17, 23)] == [4, 4, 3, 2, 1, 1, 1]
+    for static in (False, True):
+        assert [common.auto_splits(n, static=static) for n in (1, 4, 5, 8, 9, 17, 23)] == [4, 4, 3, 2, 1, 1, 1]
+        assert [common.auto_splits(n, 64, static) for n in (4, 8, 17)] == [4, 2, 1]
+    assert [common.auto_splits(n, 20, False) for n in (4, 8, 17)] == [4, 2, 1]
+    assert [common.auto_splits(n, c, True) for n in (4, 8, 17) for c in (1, 20, 32)] == [4] * 9
     monkeypatch.setattr(common, "TP_SPLITS", common.AUTO_SPLITS)
     monkeypatch.setattr(common, "DBWD_SPLITS", 3)
-    assert common.walk_splits(True, 4) == 4 and common.walk_splits(True, 17) == 1
-    assert common.walk_splits(False, 4) == 1  # dense: a row is one step
-    assert common.walk_splits(True, 4, double_backward=True) == 3
+    for static in (False, True):
+        monkeypatch.setattr(common, "STATIC_SHAPES", static)
+        assert common.walk_splits(True, 4) == 4 and common.walk_splits(True, 17) == 1
+        assert common.walk_splits(True, 17, channels=20) == (4 if static else 1)
+        assert common.walk_splits(True, 17, channels=64) == 1
+        assert common.walk_splits(False, 4, channels=20) == 1  # dense: a row is one step
+        assert common.walk_splits(True, 17, double_backward=True, channels=20) == 3
+    monkeypatch.setattr(common, "TP_SPLITS", 2)
+    assert common.walk_splits(True, 17, channels=20) == 2  # a number: every walk alike
 
 
 @needs_triton
@@ -382,7 +393,7 @@ def test_index_prefetch_mode_and_auto_rule(monkeypatch):
         ("FLASHCART_TP_PIPELINE", "ops", "_pipeline_mode", True),
         ("FLASHCART_FUSED_CSR_BACKWARD", "ops", "_csr_backward_mode", True),
         ("FLASHCART_SENDER_WALK_BACKWARD", "ops", "_sender_walk_mode", False),
-        ("FLASHCART_STATIC_SHAPES", "signatures", "_static_shapes_mode", False),
+        ("FLASHCART_STATIC_SHAPES", "signatures", "_static_shapes_mode", True),
         ("FLASHCART_LINEAR_UNIT", "ops", "_linear_unit_mode", True),
     ],
 )

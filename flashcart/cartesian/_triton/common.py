@@ -9,6 +9,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..._env import env_switch
+from .signatures import STATIC_SHAPES
 from .source import ProductSpec, product_spec
 
 __all__ = [
@@ -170,7 +171,7 @@ def splits_mode(variable: str = "FLASHCART_TP_SPLITS") -> int:
     return int(raw)
 
 
-def auto_splits(n_paths: int) -> int:
+def auto_splits(n_paths: int, channels: int | None = None, static: bool | None = None) -> int:
     """Walk splits of a convolution with ``n_paths`` paths under ``FLASHCART_TP_SPLITS=auto``:
     ``16 // n_paths`` clamped to 1..4 (4 paths: 4, 8: 2, 17: 1). Few paths mean few registers per
     thread, so more programs fit than the one warp per node that an unsplit walk launches (on the
@@ -178,7 +179,19 @@ def auto_splits(n_paths: int) -> int:
     multiprocessor where 32 fit, at 11 % of the copy roofline; its 17-path second convolution's
     backward is register-bound at 255: RESULTS.md, 2026-12-04). The default: on the H200 it took
     that forward from 0.089 to 0.057 ms, i2c3f20l2r's reduce-overhead force call from 2.452 to
-    2.437 ms and its training step from 6.968 to 6.796 ms (RESULTS.md, 2026-12-04, later)."""
+    2.437 ms and its training step from 6.968 to 6.796 ms (RESULTS.md, 2026-12-04, later).
+
+    With static shapes (``static``, default :data:`signatures.STATIC_SHAPES`) and ``channels`` at
+    most 32 (a program is one warp), 4 for any path count: the 17-path kernels then hold 128-168
+    registers instead of 255, so the split walks' programs fit, and on the H100 (i2c3f20l2r's
+    second convolution, 20 channels, weight rows) 4 splits took the backward from 0.666 to
+    0.544 ms and the forward from 0.173 to 0.167 ms (0.618 and 0.179 at run-time sizes unsplit;
+    RESULTS.md, 2026-12-07 afternoon). At 64 channels (two warps a program) the path rule stays:
+    splits were not timed there."""
+    if static is None:
+        static = STATIC_SHAPES
+    if static and channels is not None and channels <= 32:
+        return 4
     return max(1, min(4, 16 // max(n_paths, 1)))
 
 
@@ -187,15 +200,15 @@ TP_SPLITS = splits_mode("FLASHCART_TP_SPLITS")
 DBWD_SPLITS = splits_mode("FLASHCART_DBWD_SPLITS")
 
 
-def walk_splits(conv: bool, n_paths: int, double_backward: bool = False) -> int:
+def walk_splits(conv: bool, n_paths: int, double_backward: bool = False, channels: int | None = None) -> int:
     """``SPLITS`` of a launch: :data:`TP_SPLITS` (:data:`DBWD_SPLITS` for the fused double
-    backward; :func:`auto_splits` of ``n_paths`` when ``TP_SPLITS`` is :data:`AUTO_SPLITS`) in
-    convolution mode, 1 in dense mode (a row is one step)."""
+    backward; :func:`auto_splits` of ``n_paths`` and ``channels`` when ``TP_SPLITS`` is
+    :data:`AUTO_SPLITS`) in convolution mode, 1 in dense mode (a row is one step)."""
     if not conv:
         return 1
     if double_backward:
         return DBWD_SPLITS
-    return auto_splits(n_paths) if TP_SPLITS == AUTO_SPLITS else TP_SPLITS
+    return auto_splits(n_paths, channels) if TP_SPLITS == AUTO_SPLITS else TP_SPLITS
 
 
 def sum_splits(t: Tensor, splits: int) -> Tensor:

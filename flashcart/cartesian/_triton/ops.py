@@ -170,7 +170,7 @@ def _tp_fwd_impl(
     spec, f1, f2, F = _tp_shapes(key, x1, x2)
     conv = rowptr is not None
     rows = x1.shape[0] if conv else x2.shape[0]
-    splits = _walk_splits(conv, spec.n_paths)
+    splits = _walk_splits(conv, spec.n_paths, channels=F)
     out = torch.empty(splits * rows, spec.n_out_blocks * F, dtype=x2.dtype, device=x2.device)
     if guard_or_false(rows == 0) or F == 0:
         return _sum_splits(out, splits)  # nothing to compute: out has no elements
@@ -251,7 +251,7 @@ def _tp_bwd_impl(go, x1, x2, w, ws, receivers, senders, perm, srowptr, widx, wro
     shared = w.dim() == 1
     n_wrows = table.t.shape[0] if table is not None else w.shape[0]  # weight rows (R)
     dev, dt = x2.device, x2.dtype
-    splits = _walk_splits(conv, spec.n_paths)  # the sender walks (input 1's gradient) write partial sums per split
+    splits = _walk_splits(conv, spec.n_paths, channels=F)  # the sender walks (input 1's gradient) write partial sums per split
     # convolution with input 1's gradient and another: one pass per sender (tp_bwd_csr); without
     # input 1's gradient too with SENDER_WALK_BACKWARD (input 1's gradient into scratch)
     walk = (need_x1 and FUSED_CSR_BACKWARD) or (not need_x1 and SENDER_WALK_BACKWARD)

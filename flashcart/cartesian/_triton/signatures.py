@@ -101,18 +101,21 @@ def traceable(kernel: Any, probe: Any) -> Any:
 
 
 def _static_shapes_mode() -> bool:
-    """``FLASHCART_STATIC_SHAPES``: ``1`` compiles the tensor products' kernels for their channel
-    counts and row widths (:data:`SHAPE_ARGS` as ``tl.constexpr``: every operand address is a
-    base plus constant offsets, so no address arithmetic per load; one compiled kernel per
-    model layer, as the widths are the model's); ``0`` (default, until timed on a GPU) takes
-    them as run-time arguments. With it the product kernels also load without masks (the
-    lanes past the channel count load the last channel again, ``codegen._channels_clamped``).
-    Compiled for sm_90 at 20 channels the second convolution's one-pass backward with a table
-    then holds 128 registers without spills (255 and 256 spilled bytes) and its kernel shrinks
-    from 2,744 to 1,848 instructions (``compile_check --instructions``, benchmarks/RESULTS.md
-    2026-12-07). Read at import: the generated modules' parameter lists follow it (their cache
-    files are named by it)."""
-    return env_switch("FLASHCART_STATIC_SHAPES", default=False)
+    """``FLASHCART_STATIC_SHAPES``: ``1`` (default) compiles the tensor products' kernels for their
+    channel counts and row widths (:data:`SHAPE_ARGS` as ``tl.constexpr``: every operand address
+    is a base plus constant offsets, so no address arithmetic per load; one compiled kernel per
+    model layer, as the widths are the model's); ``0`` takes them as run-time arguments. With it
+    the product kernels also load without masks (the lanes past the channel count load the last
+    channel again, ``codegen._channels_clamped``). Compiled for sm_90 at 20 channels the second
+    convolution's one-pass backward with a table then holds 128 registers without spills (255
+    and 256 spilled bytes) and its kernel shrinks from 2,744 to 1,848 instructions
+    (``compile_check --instructions``). On the H100 (i2c3f20l2r's second convolution, weight
+    rows) the fused double backward went from 1.509 to 1.119 ms at 20 channels and from 3.492 to
+    3.065 ms at 64, and with the walks split 4 ways (``common.auto_splits``) the backward from
+    0.618 to 0.544 ms; the force call with tables did not change (1.515 and 1.517 ms of GPU time;
+    benchmarks/RESULTS.md, 2026-12-07 afternoon). Read at import: the generated modules'
+    parameter lists follow it (their cache files are named by it)."""
+    return env_switch("FLASHCART_STATIC_SHAPES", default=True)
 
 
 STATIC_SHAPES = _static_shapes_mode()
