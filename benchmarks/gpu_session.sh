@@ -192,6 +192,8 @@
 #   static   one GPU: FLASHCART_STATIC_SHAPES 0/1 on the published convolution's kernels (kernels.py), with it the walks
 #            split 2 and 4 ways, then its GPU parity (about 9 minutes; STATIC_SHORT=1 skips the splits: about 7)
 #   static2  one GPU: the profiler's call without and with static shapes, the model's GPU tests with them, the training step's kernels
+#   static3  one GPU, after static: graph_bound without and with static shapes (4 splits), their model and table GPU tests
+#   defaults one GPU, next: the model's table, static-list and norm-form GPU tests and the tables' under the new defaults
 #   walk     one GPU: graph_bound with static lists 0/1 and the first convolution's backward as the sender walk
 #            (FLASHCART_SENDER_WALK_BACKWARD), then its GPU parity (about 9.5 minutes; WALK_PROFILE=1 adds the profiler first)
 #   walktests one GPU: the static lists' GPU test, the model's table test with the sender walk, its kernel list
@@ -1294,6 +1296,16 @@ static3)
   FLASHCART_STATIC_SHAPES=1 FLASHCART_TP_SPLITS=4 FLASHCART_STATIC_LIST=0 bound_s 120 bound_shapes1_splits4.log --rounds 5
   FLASHCART_STATIC_SHAPES=1 FLASHCART_TP_SPLITS=4 gpu_tests 0 "tests/model/test_gpu_model.py:150" \
     "tests/cartesian/test_fused_double_backward.py tests/cartesian/test_weight_table.py:110" > "$out/tests_shapes_model.log" 2>&1
+  ;;
+defaults)
+  # next after 2026-12-07 afternoon (about 9 minutes): the GPU parity the static3 lease's limits cut off, under the new
+  # defaults (static shapes on, 4 walk splits at up to 32 channels): the model's table, static-list and norm-form GPU tests,
+  # then the tables' and the fused double backward's GPU tests in full, then the training step's kernels (not reached
+  # in that lease: its compile took over 140 s)
+  gpu_tests 0 "tests/model/test_gpu_model.py::test_radial_tables_on_gpu_compiled_and_eager tests/model/test_gpu_model.py::test_static_lists_in_reduce_overhead_calls tests/model/test_gpu_model.py::test_norm_forms_in_compiled_calls_on_gpu:230" \
+    "tests/cartesian/test_weight_table.py tests/cartesian/test_fused_double_backward.py:200" > "$out/tests_defaults.log" 2>&1
+  timeout 150 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases training --compile-mode default \
+    --repeat 3 --rows 14 > "$out/kernels_training_defaults.log" 2>&1
   ;;
 walk)
   # 2026-12-07 (about 9.5 minutes): graph_bound with tables, unpadded as the profiler runs it (its "pipelined" line is the
