@@ -332,6 +332,11 @@ def main() -> None:
     parser.add_argument("--host-profile", type=int, default=0, metavar="N", help="also cProfile N eager calls (host time)")
     parser.add_argument("--gemm-shapes", action="store_true", help="also list the matrix products by operand shapes (device time)")
     args = parser.parse_args()
+    training = sorted(set(args.phases) - {"inference"})
+    if args.radial_table and training:
+        # tables are for inference: the model refuses a training call (its radial MLPs would get no
+        # gradient), deep inside a compiled call; say so before building anything
+        parser.error(f"--radial-table is for inference only: drop it, or profile --phases inference (not {' '.join(training)})")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     device = torch.device(args.device)
