@@ -194,6 +194,7 @@
 #   static2  one GPU: the profiler's call without and with static shapes, the model's GPU tests with them, the training step's kernels
 #   static3  one GPU, after static: graph_bound without and with static shapes (4 splits), their model and table GPU tests
 #   defaults one GPU, next: the model's table, static-list and norm-form GPU tests and the tables' under the new defaults
+#   ab       one GPU: graph_bound under five settings compiled side by side (sender walk, norm forms, static lists)
 #   walk     one GPU: graph_bound with static lists 0/1 and the first convolution's backward as the sender walk
 #            (FLASHCART_SENDER_WALK_BACKWARD), then its GPU parity (about 9.5 minutes; WALK_PROFILE=1 adds the profiler first)
 #   walktests one GPU: the static lists' GPU test, the model's table test with the sender walk, its kernel list
@@ -281,6 +282,18 @@ bound_s() {  # SECONDS LOG [graph_bound.py options]: benchmarks/graph_bound.py o
   # (settings from the caller's environment), its output in $out/LOG
   local t=$1 log=$2; shift 2
   timeout "$t" python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096 "$@" > "$out/$log" 2>&1
+}
+
+bound_ab() {  # SECONDS "LOG VAR=VALUE ..."...: graph_bound.py (i2c3f20l2r, 4096-interval tables, 5 rounds) under each
+  # setting, a process each, started together: they compile side by side and time in turns (--lock), so an A/B of
+  # four settings costs about one cold compile, not four; output in $out/LOG
+  local t=$1 setting log; shift
+  for setting in "$@"; do
+    set -- $setting; log=$1; shift
+    ([ $# -eq 0 ] || export "$@"; timeout "$t" python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096 --rounds 5 \
+      --lock /tmp/bound.lock > "$out/$log" 2>&1) &
+  done
+  wait
 }
 
 matmul_ab() {  # SECONDS per process: i3c3f64l2's reduce-overhead force call with FLASHCART_LINEAR_MATMUL=scalar, then =0
@@ -1306,6 +1319,15 @@ defaults)
     "tests/cartesian/test_weight_table.py tests/cartesian/test_fused_double_backward.py:200" > "$out/tests_defaults.log" 2>&1
   timeout 150 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases training --compile-mode default \
     --repeat 3 --rows 14 > "$out/kernels_training_defaults.log" 2>&1
+  ;;
+ab)
+  # the force call's settings still untimed, side by side (about 4 minutes with one cold compile): the defaults; the
+  # first convolution's backward as the sender walk; the RMS norm's invariants as quadratic forms; static lists (the
+  # profiler's unpadded Predictor); all three. The call is GPU-bound (2026-12-07: 1.515 of 1.533 ms on the GPU alone),
+  # so the "gpu" lines decide
+  bound_ab 300 "ab_defaults.log" "ab_walk.log FLASHCART_SENDER_WALK_BACKWARD=1" "ab_forms.log FLASHCART_NORM_FORMS=1" \
+    "ab_lists.log FLASHCART_STATIC_LIST=1" \
+    "ab_all.log FLASHCART_SENDER_WALK_BACKWARD=1 FLASHCART_NORM_FORMS=1 FLASHCART_STATIC_LIST=1"
   ;;
 walk)
   # 2026-12-07 (about 9.5 minutes): graph_bound with tables, unpadded as the profiler runs it (its "pipelined" line is the

@@ -16,6 +16,8 @@ energy and forces, float32, TF32 off), median over ``--rounds`` rounds, warm-up 
 ``--pad`` times a padded Predictor instead, as the simulation engine runs one (the one
 ``FLASHCART_STATIC_LIST`` applies to). ``--cprofile N`` adds the host's busiest functions over N calls (cProfile, own time);
 ``--skip-guards`` times the calls with dynamo's guards not evaluated (what they cost the host).
+``--lock FILE``: processes sharing one GPU (an A/B of settings, a process each) compile side by
+side and take turns for the timed calls, holding a ``flock`` on ``FILE``.
 
 Example::
 
@@ -40,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import flashcart.model.static_buffers as static_buffers  # noqa: E402
 import flashcart.nn.blocks as blocks  # noqa: E402
-from benchmarks.kernel_profile import build, model_arguments  # noqa: E402
+from benchmarks.kernel_profile import _exclusive, build, model_arguments  # noqa: E402
 from flashcart.model.predictor import Predictor  # noqa: E402
 from flashcart.profiling import host_and_gpu_time  # noqa: E402
 
@@ -57,6 +59,12 @@ def main() -> None:
         help="a padded Predictor (FLASHCART_STATIC_LIST applies to these), not the profiler's unpadded one",
     )
     parser.add_argument("--cprofile", type=int, default=0, metavar="N", help="then N calls under cProfile")
+    parser.add_argument(
+        "--lock",
+        default=None,
+        metavar="FILE",
+        help="processes sharing this GPU compile side by side, then time in turns: the timed calls hold a flock on FILE",
+    )
     parser.add_argument(
         "--skip-guards",
         action="store_true",
@@ -84,9 +92,12 @@ def main() -> None:
 
     times: dict[str, list[float]] = {"pipelined": [], "host": [], "serial": [], "gpu": []}
     waits = 0
-    with predictor.frozen():
+    with predictor.frozen(), contextlib.ExitStack() as turn:
         t0 = time.perf_counter()
-        for _ in range(5):
+        call()  # compiles: outside the lock
+        torch.cuda.synchronize()
+        turn.enter_context(_exclusive(args.lock))  # the rest of the warm-up and every timed call alone on the GPU
+        for _ in range(4):
             call()
         torch.cuda.synchronize()
         print(f"[warm-up] {time.perf_counter() - t0:.0f} s (compilation included)")
