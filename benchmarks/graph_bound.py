@@ -40,10 +40,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import flashcart.cartesian._triton.ops as triton_ops  # noqa: E402
 import flashcart.model.static_buffers as static_buffers  # noqa: E402
 import flashcart.nn.blocks as blocks  # noqa: E402
 from benchmarks.kernel_profile import _exclusive, build, model_arguments  # noqa: E402
-from flashcart.model.predictor import Predictor  # noqa: E402
+from flashcart.cartesian._triton import signatures  # noqa: E402
+from flashcart.model.predictor import Predictor, combo_kernels  # noqa: E402
 from flashcart.profiling import host_and_gpu_time  # noqa: E402
 
 
@@ -83,7 +85,8 @@ def main() -> None:
         f"[setup] torch {torch.__version__}, {torch.cuda.get_device_name()}, model {args.model}, structure {args.structure} "
         f"({batch.positions.shape[0]} atoms, {batch.receivers.shape[0]} edges), compile {args.compile_mode}, "
         f"radial tables {args.radial_table or 'off'}, {'padded' if args.pad else 'unpadded'}, "
-        f"static lists {static_buffers.STATIC_LIST}, norm forms {blocks._NORM_FORMS}, float32, TF32 off, "
+        f"static lists {static_buffers.STATIC_LIST}, norm forms {blocks._NORM_FORMS}, static shapes {signatures.STATIC_SHAPES}, "
+        f"sender walk {triton_ops.SENDER_WALK_BACKWARD}, combo kernels {combo_kernels()}, float32, TF32 off, "
         f"{args.calls} calls x {args.rounds} rounds"
     )
 

@@ -133,3 +133,24 @@ def test_compile_mode_is_kept_or_explicitly_reduced_on_cpu(model, mode, device, 
     assert len(messages) == int(warns), messages  # once per predictor
     if warns:
         assert f"compile_mode={mode!r}" in messages[0] and "without CUDA graphs" in messages[0]
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune-no-cudagraphs"])
+def test_combo_kernels_switch_adds_inductors_option_on_cuda(model, mode, monkeypatch):
+    """``FLASHCART_COMBO_KERNELS=1``: compiled CUDA calls pass the mode's own inductor options plus
+    ``combo_kernels`` (options replace the mode); CPU calls and the default are unchanged; a value
+    other than 0 or 1 is an error naming the variable."""
+    from torch._inductor import list_mode_options
+
+    p = Predictor(model, compile=True, compile_mode=mode)
+    monkeypatch.setenv("FLASHCART_COMBO_KERNELS", "1")
+    assert p._compile_options("cuda") == {"options": {**list_mode_options(mode), "combo_kernels": True}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert "combo_kernels" not in p._compile_options("cpu")["options"]
+    for unset in ("0", ""):
+        monkeypatch.setenv("FLASHCART_COMBO_KERNELS", unset)
+        assert p._compile_options("cuda") == {"mode": None if mode == "default" else mode}
+    monkeypatch.setenv("FLASHCART_COMBO_KERNELS", "yes")
+    with pytest.raises(ValueError, match="FLASHCART_COMBO_KERNELS must be 0 or 1, got 'yes'"):
+        p._compile_options("cuda")

@@ -123,6 +123,20 @@ def inline_triton_ops() -> bool:
     return env_switch("FLASHCART_INLINE_TRITON_OPS")
 
 
+def combo_kernels() -> bool:
+    """Whether compiled calls on CUDA let inductor fuse independent kernels into one launch
+    (``FLASHCART_COMBO_KERNELS=1``: inductor's ``combo_kernels`` option, its horizontal fusion;
+    ``0``, the default until timed on a GPU, leaves inductor's own default).
+
+    The reduce-overhead force call of i2c3f20l2r on the 1000-atom diamond is GPU-bound (on the
+    H100, 2026-12-07: 1.515 ms of GPU time in a 1.533 ms call; 152 launches, 1.444 ms of kernels,
+    so about 0.07 ms between launches), and about 100 of its launches are inductor's small
+    elementwise and reduction kernels of a few microseconds each: combining independent ones
+    saves their launches and the gaps between them. Read when a Predictor compiles; any value
+    other than 0 or 1 raises an error naming the variable."""
+    return env_switch("FLASHCART_COMBO_KERNELS", default=False)
+
+
 class _CompileSettings:
     """Settings for a compiled call (its first call compiles): dynamo traces ``autograd.grad``,
     and the Triton ops stay opaque unless :func:`inline_triton_ops`. Set and restored by plain
@@ -391,9 +405,13 @@ class Predictor:
     def _compile_options(self, device_type: str) -> dict[str, Any]:
         """``mode``/``options`` for ``torch.compile`` on tensors of ``device_type``."""
         mode = None if self.compile_mode == "default" else self.compile_mode
+        from torch._inductor import list_mode_options
+
+        if self.compile_backend == "inductor" and device_type == "cuda" and combo_kernels():
+            # options replace the mode (torch.compile takes one or the other): the mode's own options, plus
+            return {"options": {**list_mode_options(self.compile_mode), "combo_kernels": True}}
         if self.compile_backend != "inductor" or device_type == "cuda":
             return {"mode": mode}
-        from torch._inductor import list_mode_options
 
         options = {k: v for k, v in list_mode_options(self.compile_mode).items() if k != "triton.cudagraphs"}
         options["cpp.simdlen"] = 1  # works around an inductor CPU vectoriser assertion

@@ -55,6 +55,21 @@ def test_compiled_equals_eager_on_gpu(mode):
             assert_close(out[k], eager[k], 1e-10, k)
 
 
+def test_combo_kernels_in_compiled_calls_on_gpu(monkeypatch):
+    """FLASHCART_COMBO_KERNELS=1: reduce-overhead calls compiled with inductor's combined kernels
+    == eager calls (float64, 1e-10: energy, forces, stress)."""
+    monkeypatch.setenv("FLASHCART_COMBO_KERNELS", "1")
+    torch._dynamo.reset()
+    _, tri = _pair()
+    batch = as_batch(tri, [molecule(0), crystal()]).to("cuda")
+    compiled = Predictor(tri, compile=True, compile_mode="reduce-overhead")
+    for _ in range(3):
+        out = compiled(batch, stress=True)
+    eager = Predictor(tri)(batch, stress=True)
+    for k in eager:
+        assert_close(out[k], eager[k], 1e-10, k)
+
+
 def test_norm_forms_in_compiled_calls_on_gpu(monkeypatch):
     """FLASHCART_NORM_FORMS=1: reduce-overhead calls with the RMS norm's invariants as quadratic
     forms in ATen operations (inductor's kernels) == eager calls with the fused row-wise norm
