@@ -193,8 +193,9 @@
 #            split 2 and 4 ways, then its GPU parity (about 9 minutes; STATIC_SHORT=1 skips the splits: about 7)
 #   static2  one GPU: the profiler's call without and with static shapes, the model's GPU tests with them, the training step's kernels
 #   static3  one GPU, after static: graph_bound without and with static shapes (4 splits), their model and table GPU tests
-#   defaults one GPU, next: the model's table, static-list and norm-form GPU tests and the tables' under the new defaults
-#   ab       one GPU: graph_bound under six settings compiled side by side (sender walk, norm forms, static lists, combo kernels)
+#   defaults one GPU, next: the model's table, static-list, norm-form and combo GPU tests, the tables' and the linear pairs'
+#   ab       one GPU: graph_bound under seven settings compiled side by side (sender walk, norm forms, static lists, combo
+#            kernels, linear pairs)
 #   walk     one GPU: graph_bound with static lists 0/1 and the first convolution's backward as the sender walk
 #            (FLASHCART_SENDER_WALK_BACKWARD), then its GPU parity (about 9.5 minutes; WALK_PROFILE=1 adds the profiler first)
 #   walktests one GPU: the static lists' GPU test, the model's table test with the sender walk, its kernel list
@@ -1316,18 +1317,20 @@ defaults)
   # then the tables' and the fused double backward's GPU tests in full, then the training step's kernels (not reached
   # in that lease: its compile took over 140 s)
   gpu_tests 0 "tests/model/test_gpu_model.py::test_radial_tables_on_gpu_compiled_and_eager tests/model/test_gpu_model.py::test_static_lists_in_reduce_overhead_calls tests/model/test_gpu_model.py::test_norm_forms_in_compiled_calls_on_gpu tests/model/test_gpu_model.py::test_combo_kernels_in_compiled_calls_on_gpu:260" \
-    "tests/cartesian/test_weight_table.py tests/cartesian/test_fused_double_backward.py:200" > "$out/tests_defaults.log" 2>&1
+    "tests/cartesian/test_weight_table.py tests/cartesian/test_fused_double_backward.py tests/cartesian/test_linear_pairs.py:200" \
+    > "$out/tests_defaults.log" 2>&1
   timeout 150 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases training --compile-mode default \
     --repeat 3 --rows 14 > "$out/kernels_training_defaults.log" 2>&1
   ;;
 ab)
   # the force call's settings still untimed, side by side (about 4 minutes with one cold compile): the defaults; the
   # first convolution's backward as the sender walk; the RMS norm's invariants as quadratic forms; static lists (the
-  # profiler's unpadded Predictor); inductor's combined kernels; all four. The call is GPU-bound (2026-12-07: 1.515 of 1.533 ms on the GPU alone),
+  # profiler's unpadded Predictor); inductor's combined kernels; linear-map pairs (one launch for a message map and
+  # its skip connection); all five. The call is GPU-bound (2026-12-07: 1.515 of 1.533 ms on the GPU alone),
   # so the "gpu" lines decide
   bound_ab 300 "ab_defaults.log" "ab_walk.log FLASHCART_SENDER_WALK_BACKWARD=1" "ab_forms.log FLASHCART_NORM_FORMS=1" \
-    "ab_lists.log FLASHCART_STATIC_LIST=1" "ab_combo.log FLASHCART_COMBO_KERNELS=1" \
-    "ab_all.log FLASHCART_SENDER_WALK_BACKWARD=1 FLASHCART_NORM_FORMS=1 FLASHCART_STATIC_LIST=1 FLASHCART_COMBO_KERNELS=1"
+    "ab_lists.log FLASHCART_STATIC_LIST=1" "ab_combo.log FLASHCART_COMBO_KERNELS=1" "ab_pairs.log FLASHCART_LINEAR_PAIRS=1" \
+    "ab_all.log FLASHCART_SENDER_WALK_BACKWARD=1 FLASHCART_NORM_FORMS=1 FLASHCART_STATIC_LIST=1 FLASHCART_COMBO_KERNELS=1 FLASHCART_LINEAR_PAIRS=1"
   ;;
 walk)
   # 2026-12-07 (about 9.5 minutes): graph_bound with tables, unpadded as the profiler runs it (its "pipelined" line is the

@@ -22,6 +22,7 @@ __all__ = [
     "launch_table",
     "n_tiles",
     "unit_axes",
+    "unit_axes_of_rows",
     "UNIT_BITS",
     "COLUMNS",
     "COLUMN",
@@ -179,7 +180,11 @@ def unit_axes(key: str, kind: int) -> tuple[int, int]:
     strides and, along the unit axes, the sizes (``mul * rows + const`` with both multiples), so
     that contiguous runs start aligned and masks do not change inside a run of ``ALIGN``.
     """
-    rows = launch_rows(key)[kind]
+    return unit_axes_of_rows(launch_rows(key)[kind])
+
+
+def unit_axes_of_rows(rows: tuple) -> tuple[int, int]:
+    """:func:`unit_axes` of launch-table ``rows`` (one launch's groups: a map's, or a pair's)."""
     unit = 0
     for (x, axis), bit in UNIT_BITS.items():
         d, hi, lo = (f"{x}_d{axis}", f"{x}_s{axis}_hi", f"{x}_s{axis}_lo")

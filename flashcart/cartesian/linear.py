@@ -11,7 +11,7 @@ from ._components import dim
 from ._layout import layout_width, split_ranks
 from ._linear_spec import launch_table, linear_key
 
-__all__ = ["EquivariantLinear"]
+__all__ = ["EquivariantLinear", "linear_sum"]
 
 
 class EquivariantLinear(torch.nn.Module):
@@ -93,3 +93,29 @@ class EquivariantLinear(torch.nn.Module):
             else:
                 out.append(x.new_zeros(x.shape[0], dim(l) * self.out_features))
         return torch.cat(out, dim=1)
+
+
+def linear_sum(
+    first: EquivariantLinear, x1: torch.Tensor, second: EquivariantLinear, x2: torch.Tensor, scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``first(x1, scale) + second(x2)``: two maps with the same output layout, added (a message
+    map and a skip connection). On the Triton path with ``FLASHCART_LINEAR_PAIRS=1`` both maps
+    run in one launch forward and one for their input gradients (``flashcart::lin_pair``);
+    otherwise each map alone. ``x1: [n, first.in_width]``, ``x2: [n, second.in_width]`` ->
+    ``[n, first.out_width]``."""
+    if (first.out_l_max, first.out_features) != (second.out_l_max, second.out_features):
+        raise ValueError(
+            f"linear_sum adds maps of one output layout, got l_max {first.out_l_max} with {first.out_features} channels "
+            f"and l_max {second.out_l_max} with {second.out_features}"
+        )
+    if resolve_backend(first.backend, x1) == "triton" and resolve_backend(second.backend, x2) == "triton":
+        from ._triton import ops
+
+        if ops.LINEAR_PAIRS:
+            for lin, x in ((first, x1), (second, x2)):
+                if x.dim() != 2 or x.shape[1] != lin.in_width:
+                    raise ValueError(f"EquivariantLinear expects [rows, {lin.in_width}], got {tuple(x.shape)}")
+            if scale is not None and scale.dim() != 0:
+                raise ValueError(f"EquivariantLinear's scale must be a 0-d tensor, got shape {tuple(scale.shape)}")
+            return ops.equivariant_linear_sum(first, x1, second, x2, scale)
+    return first(x1, scale) + second(x2)

@@ -16,7 +16,7 @@ import math
 import torch
 
 from .._env import env_switch
-from ..cartesian import EquivariantLinear, TensorProduct, WeightRows, WeightSlopes, WeightTable
+from ..cartesian import EquivariantLinear, TensorProduct, WeightRows, WeightSlopes, WeightTable, linear_sum
 from ..cartesian._backend import resolve_backend
 from ..cartesian._frozen import frozen_derived, parameters_of
 from ..cartesian._layout import layout_width
@@ -208,8 +208,9 @@ class Interaction(torch.nn.Module):
     def forward(self, x, attrs, radial, receivers, senders, csr, node_embed=None, pairs=None, lengths=None):
         weights, rows, slopes = self.edge_weights(radial, receivers, senders, node_embed, pairs, lengths)
         msg = self.tp(self.linear_in(x), attrs, weights, receivers, senders, csr, rows, slopes)
-        # the neighbour normalisation folded into linear_out's weights (no pass over the nodes)
-        out = self.linear_out(msg, self.inv_sqrt_avg_neighbors) + self.skip(x)
+        # the neighbour normalisation folded into linear_out's weights (no pass over the nodes);
+        # with FLASHCART_LINEAR_PAIRS both maps in one launch
+        out = linear_sum(self.linear_out, msg, self.skip, x, self.inv_sqrt_avg_neighbors)
         return self.norm(out) if self.norm is not None else out
 
     def edge_weights(
@@ -383,5 +384,5 @@ class ProductBlock(torch.nn.Module):
                 total, p = _leading(total, ow), _leading(p, ow)
             total = total + p
         total = _leading(total, ow)
-        out = self.skip(a) + (self.final(total) if self.path_reduced else total)
+        out = linear_sum(self.final, total, self.skip, a) if self.path_reduced else self.skip(a) + total
         return self.norm(out) if self.norm is not None else out

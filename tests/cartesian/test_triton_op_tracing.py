@@ -45,7 +45,7 @@ def test_without_the_interpreter():
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     # every test below ran there (only this one skipped itself)
-    assert proc.stdout.splitlines()[-1].startswith("12 passed, 1 skipped"), proc.stdout[-500:]
+    assert proc.stdout.splitlines()[-1].startswith("13 passed, 1 skipped"), proc.stdout[-500:]
 
 
 class _Call(torch.nn.Module):
@@ -83,7 +83,7 @@ WRITES = {
     "expansion_fwd": {"out_ptr"},
     "expansion_vjp": {"gu_ptr"},
     "expansion_second": {"dg_ptr", "du_ptr"},
-    "grouped_matmul": {"c_ptr"},
+    "grouped_matmul": {"c_ptr", "c2_ptr"},
 }
 
 
@@ -184,6 +184,29 @@ def test_linear_ops_lower_to_kernels():
         return ops.lin_fwd.op(x, w, table, key), ops.lin_bwd_x.op(gy, w, table, key), ops.lin_bwd_w.op(gy, x, table, key)
 
     _assert_lowered(_trace(fn, x, gy, w, lin.launch_table, static=(2, 3)), 3)
+
+
+@uninterpreted
+def test_linear_pair_lowers_to_kernels():
+    """``flashcart::lin_pair``, forward and input gradients: one kernel each, writing both outputs
+    (``c_ptr`` and ``c2_ptr``) and nothing else."""
+    first = EquivariantLinear(2, 2, 4, 4, in_paths=[2, 3, 3], backend="triton")
+    second = EquivariantLinear(0, 2, 4, 4, backend="triton")
+    x1, x2, gy = torch.randn(9, first.in_width), torch.randn(9, second.in_width), torch.randn(9, first.out_width)
+    w1 = torch.cat([p.detach().reshape(-1) for p in first.weights])
+    w2 = torch.cat([p.detach().reshape(-1) for p in second.weights])
+
+    def fn(x1, x2, gy, w1, w2, t1, t2):
+        keys = (first.key, second.key)
+        return (*ops.lin_pair.op(x1, w1, x2, w2, t1, t2, *keys, ops.FWD), *ops.lin_pair.op(gy, w1, gy, w2, t1, t2, *keys, ops.BWD_X))
+
+    graph = _trace(fn, x1, x2, gy, w1, w2, first.launch_table, second.launch_table, static=(3, 4, 5, 6))
+    _assert_lowered(graph, 2)
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+    for n in (n for n in graph.graph.nodes if "triton_kernel_wrapper" in str(n.target)):
+        assert kernel_side_table.get_kernel(n.kwargs["kernel_idx"]).fn.__name__ == "grouped_matmul"
+        assert set(n.kwargs["tensors_to_clone"]) == {"c_ptr", "c2_ptr"}
 
 
 @uninterpreted

@@ -255,21 +255,22 @@ def resource_usage(
 
 
 def linear_resource_usage(
-    tiles: list[str], dtype: str = "fp32", n_groups: int = 3, key: str | None = None, kind: int = 0
+    tiles: list[str], dtype: str = "fp32", n_groups: int = 3, key: str | None = None, kind: int = 0, pair_key: str | None = None
 ) -> dict[str, str]:
     """``{tile shape: resource usage}`` of the grouped matmul compiled for sm_90, for each
     ``FLASHCART_LINEAR_TILES`` value in ``tiles``. With ``key`` (a linear map) it is compiled for
     that map's launch ``kind`` as the launcher compiles it (``_linear_spec.unit_axes``, operands
     16-byte aligned), and the line also counts the global loads by width in bytes
-    (``loads 16B:n 8B:m ...``, see :func:`global_loads`)."""
+    (``loads 16B:n 8B:m ...``, see :func:`global_loads`). With ``pair_key`` too, as the launch
+    of the pair of ``key`` and ``pair_key`` (``flashcart::lin_pair``)."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("compile_check needs TRITON_INTERPRET unset (the interpreter replaces @triton.jit)")
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from .._linear_spec import N_COLS, linear_spec
-    from .linear_kernel import default_tiles, grouped_matmul, kernel_unit_axes, linear_tiles
+    from .._linear_spec import N_COLS, launch_rows, linear_spec
+    from .linear_kernel import default_tiles, grouped_matmul, kernel_unit_axes, kernel_unit_axes_of_rows, linear_tiles
 
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     report = {}
@@ -282,6 +283,10 @@ def linear_resource_usage(
             "table_ptr": "*i64",
             "n_rows": "i32",
             "c_split_stride": "i32",
+            "a2_ptr": f"*{dtype}",
+            "b2_ptr": f"*{dtype}",
+            "c2_ptr": f"*{dtype}",
+            "table2_ptr": "*i64",
         }
         constexprs = dict(
             N_GROUPS=n_groups,
@@ -299,7 +304,13 @@ def linear_resource_usage(
         if key is not None:
             constexprs["N_GROUPS"] = linear_spec(key).n_mixed
             constexprs["UNIT"], constexprs["ALIGN"] = kernel_unit_axes(key, kind, dtype != "fp64")
-            attrs = {(i,): [["tt.divisibility", 16]] for i in range(4)}  # the pointers, as Triton specialises aligned tensors
+            # the pointers, as Triton specialises aligned tensors
+            attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 6, 7, 8, 9)}
+        constexprs["N_FIRST"] = constexprs["N_GROUPS"]  # one map
+        if key is not None and pair_key is not None:
+            constexprs["N_GROUPS"] += linear_spec(pair_key).n_mixed
+            rows = launch_rows(key)[kind] + launch_rows(pair_key)[kind]
+            constexprs["UNIT"], constexprs["ALIGN"] = kernel_unit_axes_of_rows(rows, dtype != "fp64")
         signature |= {c: "constexpr" for c in constexprs}
         src = ASTSource(fn=grouped_matmul, signature=signature, constexprs=constexprs, attrs=attrs)
         options = {"num_warps": t.warps} | ({} if t.stages is None else {"num_stages": t.stages})
@@ -345,16 +356,24 @@ def main(argv: list[str] | None = None) -> None:
         "--linear-key", default=None, help="with --linear-tiles: compile for this map's contiguous axes (e.g. '3|3|64|64|4,6,7,6')"
     )
     parser.add_argument("--linear-kind", type=int, default=0, choices=[0, 1, 2], help="forward, input gradient, weight gradient")
+    parser.add_argument("--linear-pair-key", default=None, help="with --linear-key: compile the launch of that map paired with this one")
     args = parser.parse_args(argv)
-    if args.linear_key is not None:
+    if args.linear_pair_key is not None and (args.linear_key is None or args.linear_kind == 2):
+        parser.error("--linear-pair-key needs --linear-key and --linear-kind 0 or 1 (pairs run forwards and input gradients)")
+    for opt, value in (("--linear-key", args.linear_key), ("--linear-pair-key", args.linear_pair_key)):
+        if value is None:
+            continue
         from .._linear_spec import linear_spec
 
         try:
-            linear_spec(args.linear_key)
+            linear_spec(value)
         except ValueError as exc:
-            parser.error(f"--linear-key {args.linear_key!r} is not a linear map key 'in_l|out_l|F_in|F_out|p0,p1,...': {exc}")
+            parser.error(f"{opt} {value!r} is not a linear map key 'in_l|out_l|F_in|F_out|p0,p1,...': {exc}")
     if args.linear_tiles:
-        for label, usage in linear_resource_usage(args.linear_tiles, args.dtype, key=args.linear_key, kind=args.linear_kind).items():
+        usages = linear_resource_usage(
+            args.linear_tiles, args.dtype, key=args.linear_key, kind=args.linear_kind, pair_key=args.linear_pair_key
+        )
+        for label, usage in usages.items():
             print(f"linear {label:25s} {usage}")
         return
     try:

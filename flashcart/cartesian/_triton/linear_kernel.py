@@ -8,7 +8,10 @@ and each operand element ``(i, j)`` at
 covers rank blocks ``[rows, 2l+1, channels]`` inside feature rows (``i = row * (2l+1) + c``)
 as well as plain weight matrices and their transposes. Programs find their group from tile
 counts computed in-kernel from ``n_rows``, so one table serves every row count and nothing
-is allocated per call. With ``SPLIT > 1`` the reduction is split over a second grid axis
+is allocated per call. With ``N_FIRST < N_GROUPS`` one launch runs two maps (a pair): groups
+from ``N_FIRST`` on read the second table (``table2_ptr``) and operands (``a2_ptr``, ``b2_ptr``,
+``c2_ptr``); single maps pass ``N_FIRST = N_GROUPS`` (the second pointers then unread).
+With ``SPLIT > 1`` the reduction is split over a second grid axis
 into ``SPLIT`` partial results (``c_split_stride`` apart) that the caller sums: weight
 gradients reduce over all rows; the forward and the input gradient may split their reduction
 over paths x channels (``ops.RowMapSplit``, off by default).
@@ -22,7 +25,7 @@ from typing import NamedTuple
 import triton
 import triton.language as tl
 
-from .._linear_spec import COLUMN, OPERAND_FIELDS, UNIT_BITS, unit_axes
+from .._linear_spec import COLUMN, OPERAND_FIELDS, UNIT_BITS, unit_axes, unit_axes_of_rows
 
 _TILES_ENV = "FLASHCART_LINEAR_TILES"
 
@@ -101,6 +104,13 @@ def kernel_unit_axes(key: str, kind: int, use_dot: bool) -> tuple[int, int]:
     return (unit if use_dot else unit & _NO_DOT_UNIT_MASK), align
 
 
+def kernel_unit_axes_of_rows(rows: tuple, use_dot: bool) -> tuple[int, int]:
+    """:func:`kernel_unit_axes` of the launch-table ``rows`` of one launch (a pair of maps: both
+    maps' rows, so the axes and alignment hold in every group of either)."""
+    unit, align = unit_axes_of_rows(tuple(rows))
+    return (unit if use_dot else unit & _NO_DOT_UNIT_MASK), align
+
+
 # Column positions, derived from the column names of the table builder (``_linear_spec``).
 _M_MUL = tl.constexpr(COLUMN["m_mul"])
 _M_CONST = tl.constexpr(COLUMN["m_const"])
@@ -166,7 +176,12 @@ def grouped_matmul(
     table_ptr,
     n_rows,
     c_split_stride,
+    a2_ptr,
+    b2_ptr,
+    c2_ptr,
+    table2_ptr,
     N_GROUPS: tl.constexpr,
+    N_FIRST: tl.constexpr,
     NCOL: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
@@ -185,13 +200,28 @@ def grouped_matmul(
     g_start = tl.cast(0, tl.int64)
     start = tl.cast(0, tl.int64)
     for i in tl.static_range(N_GROUPS):
-        m_i = tl.load(table_ptr + i * NCOL + _M_MUL) * rows + tl.load(table_ptr + i * NCOL + _M_CONST)
-        n_i = tl.load(table_ptr + i * NCOL + _N_SIZE)
+        # groups from N_FIRST on are the second map's (a pair of maps in one launch), in its table
+        if i < N_FIRST:
+            t_i = table_ptr + i * NCOL
+        else:
+            t_i = table2_ptr + (i - N_FIRST) * NCOL
+        m_i = tl.load(t_i + _M_MUL) * rows + tl.load(t_i + _M_CONST)
+        n_i = tl.load(t_i + _N_SIZE)
         sel = pid >= start
         g = tl.where(sel, i, g)
         g_start = tl.where(sel, start, g_start)
         start += ((m_i + BM - 1) // BM) * ((n_i + BN - 1) // BN)
-    tab = table_ptr + g * NCOL
+    if N_FIRST < N_GROUPS:  # a pair: the tile's map picks the operands (one select per pointer)
+        second = g >= N_FIRST
+        tab = tl.where(second, table2_ptr + (g - N_FIRST) * NCOL, table_ptr + g * NCOL)
+        a_base = tl.where(second, a2_ptr, a_ptr)
+        b_base = tl.where(second, b2_ptr, b_ptr)
+        c_base = tl.where(second, c2_ptr, c_ptr)
+    else:
+        tab = table_ptr + g * NCOL
+        a_base = a_ptr
+        b_base = b_ptr
+        c_base = c_ptr
     m_size = tl.load(tab + _M_MUL) * rows + tl.load(tab + _M_CONST)
     n_size = tl.load(tab + _N_SIZE)
     k_size = tl.load(tab + _K_MUL) * rows + tl.load(tab + _K_CONST)
@@ -248,8 +278,8 @@ def grouped_matmul(
         k_mask = rk < k_hi
         a_off = a_rows[:, None] + _axis(rk, a_dj, a_sj_hi, a_sj_lo, A_J & UNIT, ALIGN)[None, :]
         b_off = _axis(rk, b_di, b_si_hi, b_si_lo, B_I & UNIT, ALIGN)[:, None] + b_cols[None, :]
-        a = tl.load(a_ptr + a_off, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        b = tl.load(b_ptr + b_off, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+        a = tl.load(a_base + a_off, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        b = tl.load(b_base + b_off, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
         if USE_DOT:
             acc += tl.dot(a, b, input_precision=PRECISION)
         else:
@@ -276,4 +306,4 @@ def grouped_matmul(
         + _axis(rm, c_di, c_si_hi, c_si_lo, C_I & UNIT, ALIGN)[:, None]
         + _axis(rn, c_dj, c_sj_hi, c_sj_lo, C_J & UNIT, ALIGN)[None, :]
     )
-    tl.store(c_ptr + split * c_split_stride + c_off, acc * scale, mask=m_mask[:, None] & n_mask[None, :])
+    tl.store(c_base + split * c_split_stride + c_off, acc * scale, mask=m_mask[:, None] & n_mask[None, :])

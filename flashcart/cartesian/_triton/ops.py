@@ -17,7 +17,9 @@ Ops (namespace ``flashcart``):
   kernels evaluate; first derivatives (to ``t``) only.
 * ``expansion_fwd(u, l_max)``, ``expansion_vjp(u, g, l_max)``, ``expansion_second(u, g, v, l_max)``.
 * ``lin_fwd(x, w, table, key)``, ``lin_bwd_x(gy, w, table, key)``, ``lin_bwd_w(gy, x, table, key)``
-  (``table``: the layer's launch table, see ``flashcart.cartesian._linear_spec``).
+  (``table``: the layer's launch table, see ``flashcart.cartesian._linear_spec``);
+  ``lin_pair(r1, w1, r2, w2, t1, t2, k1, k2, mode)``: two maps' forwards or input gradients in
+  one launch.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from .common import tp_shapes as _tp_shapes
 from .common import walk_splits as _walk_splits
 from .double_backward import env_mode, fused_outputs
 from .double_backward import tp_dbwd as _tp_dbwd_op
-from .linear_kernel import LinearTiles, default_tiles, grouped_matmul, kernel_unit_axes, linear_tiles
+from .linear_kernel import LinearTiles, default_tiles, grouped_matmul, kernel_unit_axes, kernel_unit_axes_of_rows, linear_tiles
 from .signatures import EXPANSION_FWD, EXPANSION_SECOND, EXPANSION_VJP, TP_BWD_CSR, TP_BWD_EDGE, TP_BWD_X1_CSR, TP_FWD, launch_kernel
 from .source import expansion_module, product_key, product_module
 from .weight_rows import _backward as _rows_sum_backward
@@ -924,21 +926,44 @@ def _grouped_plan(key: str, kind: int, use_dot: bool, tiles: LinearTiles, unit: 
         USE_DOT=use_dot,
         PRECISION=tiles.precision,
     )
+    constants["N_FIRST"] = constants["N_GROUPS"]  # one map: no group reads the second operands
     # passed in every launch (the pre-bound launcher and inductor read each constexpr by name)
     constants["UNIT"], constants["ALIGN"] = kernel_unit_axes(key, kind, use_dot) if unit else (0, 1)
     return _GroupedPlan(rows, tiles.bm, options, constants)
 
 
-def _launch_grouped(a: Tensor, b: Tensor, c: Tensor, table: Tensor, key: str, kind: int, n_rows: int, split: int = 1) -> None:
+@lru_cache(maxsize=None)
+def _grouped_pair_plan(key: str, key2: str, kind: int, use_dot: bool, tiles: LinearTiles, unit: bool) -> _GroupedPlan:
+    """The plan of one launch running launch ``kind`` of two maps (``key``'s groups, then
+    ``key2``'s): their tile rows in turn, ``N_FIRST`` the first map's groups, and the unit axes
+    and alignment that hold in every group of both."""
+    first, second = _grouped_plan(key, kind, use_dot, tiles, unit), _grouped_plan(key2, kind, use_dot, tiles, unit)
+    constants = dict(first.constants, N_GROUPS=first.constants["N_GROUPS"] + second.constants["N_GROUPS"])
+    constants["N_FIRST"] = first.constants["N_GROUPS"]
+    both = launch_rows(key)[kind] + launch_rows(key2)[kind]
+    constants["UNIT"], constants["ALIGN"] = kernel_unit_axes_of_rows(both, use_dot) if unit else (0, 1)
+    return _GroupedPlan(first.rows + second.rows, tiles.bm, first.options, constants)
+
+
+def _launch_grouped(
+    a: Tensor, b: Tensor, c: Tensor, table: Tensor, key: str, kind: int, n_rows: int, split: int = 1, pair: tuple | None = None
+) -> None:
     """Run the grouped matmul of launch ``kind`` (forward / input grad / weight grad) on ``n_rows`` rows.
 
     ``table`` is the layer's launch table (``[3, groups, N_COLS]``, on the operands' device);
     the grid size comes from the key on the host, so nothing is read back or allocated.
     Everything but the operands and the row count comes from a cached plan (``_grouped_plan``):
-    eager calls are bound by such host work.
+    eager calls are bound by such host work. ``pair``: ``(a2, b2, c2, table2, key2)``, a second
+    map of the same tiles run by the same launch on the same rows (unsplit).
     """
     use_dot = _uses_dot(c)
-    plan = _grouped_plan(key, kind, use_dot, _tiles(key, use_dot), bool(LINEAR_UNIT))
+    tiling = _tiles(key, use_dot)
+    if pair is None:
+        plan = _grouped_plan(key, kind, use_dot, tiling, bool(LINEAR_UNIT))
+        a2, b2, c2, table2 = a, b, c, table
+    else:
+        a2, b2, c2, table2, key2 = pair
+        plan = _grouped_pair_plan(key, key2, kind, use_dot, tiling, bool(LINEAR_UNIT))
     tiles = plan.tiles(n_rows)
     if guard_or_false(tiles == 0):
         return
@@ -950,6 +975,10 @@ def _launch_grouped(a: Tensor, b: Tensor, c: Tensor, table: Tensor, key: str, ki
         table_ptr=table[kind],
         n_rows=n_rows,
         c_split_stride=c.stride(0) if split > 1 else 0,
+        a2_ptr=a2,
+        b2_ptr=b2,
+        c2_ptr=c2,
+        table2_ptr=table2[kind],
         SPLIT=split,
     )
     launch_kernel(grouped_matmul, a, (tiles, split), values, plan.options)
@@ -1121,6 +1150,74 @@ lin_bwd_x.register_autograd(_lin_bx_backward, setup_context=_lin_setup)
 lin_bwd_w.register_autograd(_lin_bw_backward, setup_context=_lin_setup)
 
 
+# ---------------------------------------------------------------------------------------
+# a pair of linear maps in one launch
+# ---------------------------------------------------------------------------------------
+def _lin_pair_rows(r1: Tensor, w1: Tensor, r2: Tensor, w2: Tensor, t1: Tensor, t2: Tensor, k1: str, k2: str, mode: int):
+    """Two maps' forwards (``mode`` FWD) or input gradients (BWD_X) on the same rows, one
+    grouped-matmul launch: the second map's groups follow the first's (``grouped_matmul``'s
+    ``N_FIRST``). Each output's ranks that no path reaches are zero, as :func:`_row_map`'s."""
+    _check_table(t1, k1, r1)
+    _check_table(t2, k2, r2)
+    r1, w1, r2, w2 = r1.contiguous(), w1.contiguous(), r2.contiguous(), w2.contiguous()
+    n = r1.shape[0]
+    outs = []
+    for key in (k1, k2):
+        sp = linear_spec(key)
+        width, offsets, l_max = (sp.out_width, sp.out_off, sp.out_l_max) if mode == FWD else (sp.in_width, sp.in_off, sp.in_l_max)
+        out = torch.empty(n, width, dtype=r1.dtype, device=r1.device)
+        if sp.n_mixed <= l_max:
+            out[:, offsets[sp.n_mixed] :].zero_()
+        outs.append(out)
+    _launch_grouped(r1, w1, outs[0], t1, k1, mode, n, pair=(r2, w2, outs[1], t2, k2))
+    return outs[0], outs[1]
+
+
+@kernel_op("flashcart::lin_pair")
+def lin_pair(r1: Tensor, w1: Tensor, r2: Tensor, w2: Tensor, t1: Tensor, t2: Tensor, k1: str, k2: str, mode: int) -> tuple[Tensor, Tensor]:
+    """``(lin_fwd(r1, w1), lin_fwd(r2, w2))`` (``mode`` FWD) or ``(lin_bwd_x(r1, w1),
+    lin_bwd_x(r2, w2))`` (BWD_X) of maps ``k1`` and ``k2`` (launch tables ``t1``, ``t2``) in one
+    launch; ``r1`` and ``r2`` have the same rows."""
+    return _lin_pair_rows(r1, w1, r2, w2, t1, t2, k1, k2, mode)
+
+
+@lin_pair.register_fake
+def _(r1, w1, r2, w2, t1, t2, k1, k2, mode):
+    widths = [linear_spec(k).out_width if mode == FWD else linear_spec(k).in_width for k in (k1, k2)]
+    return r1.new_empty(r1.shape[0], widths[0]), r1.new_empty(r1.shape[0], widths[1])
+
+
+def _pair_setup(ctx, inputs, output):
+    r1, w1, r2, w2, t1, t2, k1, k2, mode = inputs
+    ctx.keys, ctx.mode = (k1, k2), mode
+    ctx.save_for_backward(r1, w1, r2, w2, t1, t2)
+
+
+def _pair_backward(ctx, g1, g2):
+    # FWD, y_i = r_i @ W_i: d r_i = g_i @ W_i^T (the pair's BWD_X), d W_i = lin_bwd_w(g_i, r_i).
+    # BWD_X, y_i = r_i @ W_i^T (r_i an output gradient): d r_i = g_i @ W_i (the pair's FWD),
+    # d W_i = lin_bwd_w(r_i, g_i). Both differentiable again (the double backward of training).
+    r1, w1, r2, w2, t1, t2 = ctx.saved_tensors
+    (k1, k2), mode = ctx.keys, ctx.mode
+    need = _engine_needs(ctx, 4)
+    grads = [None] * 9
+    other = BWD_X if mode == FWD else FWD
+    if need[0] and need[2]:
+        grads[0], grads[2] = lin_pair(g1, w1, g2, w2, t1, t2, k1, k2, other)
+    else:  # one input's gradient (a first interaction's skip input needs none for forces): that map alone
+        single = lin_bwd_x if other == BWD_X else lin_fwd
+        for i, (g, w, t, k) in ((0, (g1, w1, t1, k1)), (2, (g2, w2, t2, k2))):
+            if need[i]:
+                grads[i] = single(g, w, t, k)
+    for i, (r, g, t, k) in ((1, (r1, g1, t1, k1)), (3, (r2, g2, t2, k2))):
+        if need[i]:
+            grads[i] = lin_bwd_w(g, r, t, k) if mode == FWD else lin_bwd_w(r, g, t, k)
+    return tuple(grads)
+
+
+lin_pair.register_autograd(_pair_backward, setup_context=_pair_setup)
+
+
 def flat_weights(weights: torch.nn.ParameterList) -> Tensor:
     """The ranks' weight matrices of a linear map as one flat vector (rank after rank), differentiable.
 
@@ -1170,14 +1267,11 @@ def linear_as_matmul(lin) -> bool:
     return LINEAR_MATMUL == "1"
 
 
-def equivariant_linear(lin, x: Tensor, scale: Tensor | None = None) -> Tensor:
-    """Triton path of :class:`~flashcart.cartesian.EquivariantLinear`: all ranks in one launch,
-    or the PyTorch backend's matrix products for the maps ``linear_as_matmul`` names.
-    ``scale`` (a 0-d tensor or ``None``) multiplies the weights (so the output)."""
-    if linear_as_matmul(lin):
-        return lin._forward_torch(x, scale)
+def _linear_weights(lin, like: Tensor, scale: Tensor | None) -> Tensor:
+    """Map ``lin``'s flat weights (times ``scale``; kept while its parameters are frozen), or an
+    empty tensor like ``like`` for a map without weights."""
     if not len(lin.weights):
-        return lin_fwd(x, x.new_zeros(0), lin.launch_table, lin.key)
+        return like.new_zeros(0)
     params = parameters_of(lin.weights)
     sources = params if scale is None else [*params, scale]
 
@@ -1185,7 +1279,56 @@ def equivariant_linear(lin, x: Tensor, scale: Tensor | None = None) -> Tensor:
         w = flat_weights(lin.weights)
         return w if scale is None else w * scale.to(w.dtype)
 
-    return lin_fwd(x, frozen_derived(lin, "flat_weights", sources, build), lin.launch_table, lin.key)
+    return frozen_derived(lin, "flat_weights", sources, build)
+
+
+def equivariant_linear(lin, x: Tensor, scale: Tensor | None = None) -> Tensor:
+    """Triton path of :class:`~flashcart.cartesian.EquivariantLinear`: all ranks in one launch,
+    or the PyTorch backend's matrix products for the maps ``linear_as_matmul`` names.
+    ``scale`` (a 0-d tensor or ``None``) multiplies the weights (so the output)."""
+    if linear_as_matmul(lin):
+        return lin._forward_torch(x, scale)
+    return lin_fwd(x, _linear_weights(lin, x, scale), lin.launch_table, lin.key)
+
+
+def _linear_pairs_mode() -> bool:
+    """``FLASHCART_LINEAR_PAIRS``: ``1`` runs two linear maps whose outputs are added
+    (:func:`~flashcart.cartesian.linear_sum`: an interaction's message map and skip connection,
+    a product block's final map and skip connection) as one launch forward and one for their
+    input gradients (``flashcart::lin_pair``); ``0`` (default, until timed on a GPU) launches
+    each map alone. The reduce-overhead force call is GPU-bound, and its 26 linear-map launches
+    took 0.205 ms on the H100 (2026-12-07), about 8 us each for a few microseconds of work: a
+    pair saves one launch of each. Read at import; any other value raises an error naming the
+    variable."""
+    return _switch_mode("FLASHCART_LINEAR_PAIRS", default=False)
+
+
+# Read at import; tests and benchmarks assign the module attribute.
+LINEAR_PAIRS = _linear_pairs_mode()
+
+
+def linear_pairable(first, x1: Tensor, second, x2: Tensor) -> bool:
+    """Whether maps ``first`` (on ``x1``) and ``second`` (on ``x2``) run as one pair launch:
+    :data:`LINEAR_PAIRS` on, both through the grouped kernel with weights, the same rows,
+    dtype and device, the same tiles, and unsplit reductions."""
+    if not LINEAR_PAIRS or ROW_MAP_SPLIT.programs > 0:
+        return False
+    if linear_as_matmul(first) or linear_as_matmul(second) or not len(first.weights) or not len(second.weights):
+        return False
+    if x1.dtype != x2.dtype or x1.device != x2.device or x1.shape[0] != x2.shape[0]:
+        return False
+    use_dot = _uses_dot(x1)
+    return _tiles(first.key, use_dot) == _tiles(second.key, use_dot)
+
+
+def equivariant_linear_sum(first, x1: Tensor, second, x2: Tensor, scale: Tensor | None = None) -> Tensor:
+    """Triton path of :func:`~flashcart.cartesian.linear_sum`: ``first(x1, scale) + second(x2)``,
+    the two maps in one launch where :func:`linear_pairable`, else each alone."""
+    if not linear_pairable(first, x1, second, x2):
+        return equivariant_linear(first, x1, scale) + equivariant_linear(second, x2)
+    w1, w2 = _linear_weights(first, x1, scale), _linear_weights(second, x2, None)
+    y1, y2 = lin_pair(x1, w1, x2, w2, first.launch_table, second.launch_table, first.key, second.key, FWD)
+    return y1 + y2
 
 
 # ---------------------------------------------------------------------------------------
@@ -1281,5 +1424,6 @@ tp_dbwd.op = _tp_dbwd_op
 lin_fwd = _dispatching("lin_fwd", lin_fwd, _lin_setup, _lin_fwd_backward)
 lin_bwd_x = _dispatching("lin_bwd_x", lin_bwd_x, _lin_setup, _lin_bx_backward)
 lin_bwd_w = _dispatching("lin_bwd_w", lin_bwd_w, _lin_setup, _lin_bw_backward)
+lin_pair = _dispatching("lin_pair", lin_pair, _pair_setup, _pair_backward)
 expansion_fwd = _dispatching("expansion_fwd", expansion_fwd, _exp_setup, _exp_backward)
 expansion_vjp = _dispatching("expansion_vjp", expansion_vjp, _vjp_setup, _vjp_backward)
