@@ -193,7 +193,8 @@
 #            split 2 and 4 ways, then its GPU parity (about 9 minutes; STATIC_SHORT=1 skips the splits: about 7)
 #   static2  one GPU: the profiler's call without and with static shapes, the model's GPU tests with them, the training step's kernels
 #   static3  one GPU, after static: graph_bound without and with static shapes (4 splits), their model and table GPU tests
-#   defaults one GPU, next: the model's table, static-list, norm-form and combo GPU tests, the tables' and the linear pairs'
+#   defaults one GPU, next: the model's table, static-list and opt-in settings' GPU tests, the tables' and the linear pairs'
+#   training one GPU: the training step's kernels of both published models under the new defaults
 #   ab       one GPU: graph_bound under seven settings compiled side by side (sender walk, norm forms, static lists, combo
 #            kernels, linear pairs)
 #   walk     one GPU: graph_bound with static lists 0/1 and the first convolution's backward as the sender walk
@@ -1219,7 +1220,7 @@ normforms)
   # FLASHCART_NORM_FORMS: the RMS norm's invariants as quadratic forms in inductor's kernels in compiled calls, instead of
   # a symmetric product launch each way (4 norms in i2c3f20l2r: 8 product launches). GPU test, then graph_bound A/B/A
   # (tables, unpadded as the profiler), then the kernel list with the forms
-  gpu_tests 0 "tests/model/test_gpu_model.py::test_norm_forms_in_compiled_calls_on_gpu:200" > "$out/tests.log" 2>&1
+  gpu_tests 0 "tests/model/test_gpu_model.py::test_compiled_settings_on_gpu[norm-forms]:200" > "$out/tests.log" 2>&1
   for v in 1 0 1; do
     FLASHCART_NORM_FORMS=$v timeout 120 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096
   done > "$out/bound_forms.log" 2>&1
@@ -1271,7 +1272,7 @@ one)
     --radial-table 4096 > "$out/bound_forms0_static1.log" 2>&1
   FLASHCART_NORM_FORMS=1 FLASHCART_STATIC_LIST=0 timeout 90 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r \
     --radial-table 4096 > "$out/bound_forms1_static0.log" 2>&1
-  gpu_tests 0 "tests/model/test_gpu_model.py::test_static_lists_in_reduce_overhead_calls tests/model/test_gpu_model.py::test_norm_forms_in_compiled_calls_on_gpu:170" \
+  gpu_tests 0 "tests/model/test_gpu_model.py::test_static_lists_in_reduce_overhead_calls tests/model/test_gpu_model.py::test_compiled_settings_on_gpu[norm-forms]:170" \
     > "$out/tests_model.log" 2>&1
   gpu_tests 0 "tests/test_profiler.py::test_host_gpu_split_on_cuda:50" > "$out/tests_hostgpu.log" 2>&1
   ;;
@@ -1312,15 +1313,22 @@ static3)
     "tests/cartesian/test_fused_double_backward.py tests/cartesian/test_weight_table.py:110" > "$out/tests_shapes_model.log" 2>&1
   ;;
 defaults)
-  # next after 2026-12-07 afternoon (about 9 minutes): the GPU parity the static3 lease's limits cut off, under the new
-  # defaults (static shapes on, 4 walk splits at up to 32 channels): the model's table, static-list and norm-form GPU tests,
-  # then the tables' and the fused double backward's GPU tests in full, then the training step's kernels (not reached
-  # in that lease: its compile took over 140 s)
-  gpu_tests 0 "tests/model/test_gpu_model.py::test_radial_tables_on_gpu_compiled_and_eager tests/model/test_gpu_model.py::test_static_lists_in_reduce_overhead_calls tests/model/test_gpu_model.py::test_norm_forms_in_compiled_calls_on_gpu tests/model/test_gpu_model.py::test_combo_kernels_in_compiled_calls_on_gpu:260" \
-    "tests/cartesian/test_weight_table.py tests/cartesian/test_fused_double_backward.py tests/cartesian/test_linear_pairs.py:200" \
+  # next after 2026-12-07 afternoon (about 9.5 minutes): the GPU parity the static3 lease's limits cut off, under the new
+  # defaults (static shapes on, 4 walk splits at up to 32 channels): the model's table and static-list GPU tests and its
+  # compiled opt-in settings (norm forms, combined kernels, linear pairs: compiled == eager with training gradients), then
+  # the tables', the fused double backward's and the linear pairs' GPU tests
+  gpu_tests 0 "tests/model/test_gpu_model.py::test_radial_tables_on_gpu_compiled_and_eager tests/model/test_gpu_model.py::test_static_lists_in_reduce_overhead_calls tests/model/test_gpu_model.py::test_compiled_settings_on_gpu:330" \
+    "tests/cartesian/test_weight_table.py tests/cartesian/test_fused_double_backward.py tests/cartesian/test_linear_pairs.py:230" \
     > "$out/tests_defaults.log" 2>&1
-  timeout 150 python3 benchmarks/kernel_profile.py --device cuda --model i2c3f20l2r --phases training --compile-mode default \
-    --repeat 3 --rows 14 > "$out/kernels_training_defaults.log" 2>&1
+  ;;
+training)
+  # the training step's kernels under the new defaults, both published models side by side (compiled together, profiled in
+  # turns; the 2026-12-07 lease's 140 s per process did not cover the compile), about 5 minutes
+  for m in i2c3f20l2r i3c3f64l2; do
+    timeout 290 python3 benchmarks/kernel_profile.py --device cuda --model $m --phases training --compile-mode default --repeat 5 \
+      --rows 25 --lock /tmp/profile.lock > "$out/kernels_training_$m.log" 2>&1 &
+  done
+  wait
   ;;
 ab)
   # the force call's settings still untimed, side by side (about 4 minutes with one cold compile): the defaults; the
@@ -1372,7 +1380,7 @@ h200night)
   ;;
 night2)
   # second call: the forms' GPU test; the forms' A/B/A tail (0 then 1), the padded call without static lists, the kernels
-  gpu_tests 0 "tests/model/test_gpu_model.py::test_norm_forms_in_compiled_calls_on_gpu:200" > "$out/tests.log" 2>&1
+  gpu_tests 0 "tests/model/test_gpu_model.py::test_compiled_settings_on_gpu[norm-forms]:200" > "$out/tests.log" 2>&1
   for v in 0 1; do
     FLASHCART_NORM_FORMS=$v timeout 80 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096
   done > "$out/bound_forms_ab.log" 2>&1

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from flashcart.cartesian import EquivariantLinear
 from flashcart.model.potential import FlashCartPotential
 from flashcart.model.predictor import Predictor
 from flashcart.testing import TINY_MODEL, assert_close
@@ -55,31 +56,30 @@ def test_compiled_equals_eager_on_gpu(mode):
             assert_close(out[k], eager[k], 1e-10, k)
 
 
-def test_combo_kernels_in_compiled_calls_on_gpu(monkeypatch):
-    """FLASHCART_COMBO_KERNELS=1: reduce-overhead calls compiled with inductor's combined kernels
-    == eager calls (float64, 1e-10: energy, forces, stress)."""
-    monkeypatch.setenv("FLASHCART_COMBO_KERNELS", "1")
+def _switch_on(setting: str, monkeypatch) -> None:
+    """Turn on one of the compiled call's opt-in settings (off by default until timed)."""
+    if setting == "norm-forms":  # the RMS norm's invariants as quadratic forms in inductor's kernels
+        import flashcart.nn.blocks as blocks
+
+        monkeypatch.setattr(blocks, "_NORM_FORMS", True)
+    elif setting == "combo-kernels":  # inductor's combined kernels (read when the Predictor compiles)
+        monkeypatch.setenv("FLASHCART_COMBO_KERNELS", "1")
+    else:  # linear-map pairs: message map and skip connection in one launch
+        import flashcart.cartesian._triton.ops as ops
+
+        monkeypatch.setattr(ops, "LINEAR_PAIRS", True)
+
+
+@pytest.mark.parametrize("setting", ["norm-forms", "combo-kernels", "linear-pairs"])
+def test_compiled_settings_on_gpu(monkeypatch, setting):
+    """FLASHCART_NORM_FORMS, FLASHCART_COMBO_KERNELS and FLASHCART_LINEAR_PAIRS, each on:
+    reduce-overhead calls == eager calls (float64, 1e-10: energy, forces, stress), and a compiled
+    training step's parameter gradients == eager ones (1e-9)."""
+    _switch_on(setting, monkeypatch)
     torch._dynamo.reset()
     _, tri = _pair()
-    batch = as_batch(tri, [molecule(0), crystal()]).to("cuda")
-    compiled = Predictor(tri, compile=True, compile_mode="reduce-overhead")
-    for _ in range(3):
-        out = compiled(batch, stress=True)
-    eager = Predictor(tri)(batch, stress=True)
-    for k in eager:
-        assert_close(out[k], eager[k], 1e-10, k)
-
-
-def test_norm_forms_in_compiled_calls_on_gpu(monkeypatch):
-    """FLASHCART_NORM_FORMS=1: reduce-overhead calls with the RMS norm's invariants as quadratic
-    forms in ATen operations (inductor's kernels) == eager calls with the fused row-wise norm
-    (float64, 1e-10: energy, forces, stress), and a compiled training step's parameter gradients
-    == eager ones (1e-9)."""
-    import flashcart.nn.blocks as blocks
-
-    monkeypatch.setattr(blocks, "_NORM_FORMS", True)
-    torch._dynamo.reset()
-    _, tri = _pair()
+    for lin in (m for m in tri.modules() if isinstance(m, EquivariantLinear)):
+        lin.backend = "triton"  # as "auto" on CUDA: the maps through the grouped kernel
     batch = as_batch(tri, [molecule(0), crystal()]).to("cuda")
     compiled = Predictor(tri, compile=True, compile_mode="reduce-overhead")
     for _ in range(3):
