@@ -121,6 +121,18 @@ def test_pairs_need_the_same_output_layout():
 
 
 @needs_triton
+def test_pair_op_refuses_different_row_counts():
+    """``flashcart::lin_pair`` runs both maps on the same rows: other counts are an error naming both."""
+    import flashcart.cartesian._triton.ops as ops
+
+    first, second = _maps(MAPS[1], "triton")
+    w1, w2 = (torch.cat([p.detach().reshape(-1) for p in m.weights]) for m in (first, second))
+    x1, x2 = torch.zeros(4, first.in_width), torch.zeros(5, second.in_width)
+    with pytest.raises(ValueError, match="same rows, got 4 and 5"):
+        ops.lin_pair(x1, w1, x2, w2, first.launch_table, second.launch_table, first.key, second.key, ops.FWD)
+
+
+@needs_triton
 def test_maps_that_cannot_pair_run_alone(monkeypatch):
     """Pairs need both maps in the grouped kernel with weights, the same rows and the same
     tiles: a map through matrix products (``FLASHCART_LINEAR_MATMUL=1``), other row counts or

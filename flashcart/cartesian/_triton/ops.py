@@ -1159,6 +1159,8 @@ def _lin_pair_rows(r1: Tensor, w1: Tensor, r2: Tensor, w2: Tensor, t1: Tensor, t
     ``N_FIRST``). Each output's ranks that no path reaches are zero, as :func:`_row_map`'s."""
     _check_table(t1, k1, r1)
     _check_table(t2, k2, r2)
+    if r1.shape[0] != r2.shape[0]:
+        raise ValueError(f"a pair of linear maps runs on the same rows, got {r1.shape[0]} and {r2.shape[0]}")
     r1, w1, r2, w2 = r1.contiguous(), w1.contiguous(), r2.contiguous(), w2.contiguous()
     n = r1.shape[0]
     outs = []
