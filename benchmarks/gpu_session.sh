@@ -195,8 +195,8 @@
 #   static3  one GPU, after static: graph_bound without and with static shapes (4 splits), their model and table GPU tests
 #   defaults one GPU, next: the model's table, static-list and opt-in settings' GPU tests, the tables' and the linear pairs'
 #   training one GPU: the training step's kernels of both published models under the new defaults
-#   ab       one GPU: graph_bound under seven settings compiled side by side (sender walk, norm forms, static lists, combo
-#            kernels, linear pairs)
+#   ab       one GPU: graph_bound under nine settings compiled side by side (sender walk, norm forms, static lists, combo
+#            kernels, linear pairs, tables of 1024 and 2048 intervals)
 #   walk     one GPU: graph_bound with static lists 0/1 and the first convolution's backward as the sender walk
 #            (FLASHCART_SENDER_WALK_BACKWARD), then its GPU parity (about 9.5 minutes; WALK_PROFILE=1 adds the profiler first)
 #   walktests one GPU: the static lists' GPU test, the model's table test with the sender walk, its kernel list
@@ -288,11 +288,11 @@ bound_s() {  # SECONDS LOG [graph_bound.py options]: benchmarks/graph_bound.py o
 
 bound_ab() {  # SECONDS "LOG VAR=VALUE ..."...: graph_bound.py (i2c3f20l2r, 4096-interval tables, 5 rounds) under each
   # setting, a process each, started together: they compile side by side and time in turns (--lock), so an A/B of
-  # four settings costs about one cold compile, not four; output in $out/LOG
+  # four settings costs about one cold compile, not four; output in $out/LOG. BOUND_TABLE=K in a setting: K intervals
   local t=$1 setting log; shift
   for setting in "$@"; do
     set -- $setting; log=$1; shift
-    ([ $# -eq 0 ] || export "$@"; timeout "$t" python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table 4096 --rounds 5 \
+    ([ $# -eq 0 ] || export "$@"; timeout "$t" python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table "${BOUND_TABLE:-4096}" --rounds 5 \
       --lock /tmp/bound.lock > "$out/$log" 2>&1) &
   done
   wait
@@ -1334,9 +1334,12 @@ ab)
   # the force call's settings still untimed, side by side (about 4 minutes with one cold compile): the defaults; the
   # first convolution's backward as the sender walk; the RMS norm's invariants as quadratic forms; static lists (the
   # profiler's unpadded Predictor); inductor's combined kernels; linear-map pairs (one launch for a message map and
-  # its skip connection); all five. The call is GPU-bound (2026-12-07: 1.515 of 1.533 ms on the GPU alone),
+  # its skip connection); all five; and the tables at 1024 and 2048 intervals instead of 4096 (1024: as accurate as the
+  # float32 MLP, RESULTS 2026-12-05; 5.5 instead of 22 MB for the second interaction, so L2-resident: the table-reading
+  # kernels did not speed up with fewer registers or instructions, 2026-12-07). The call is GPU-bound (2026-12-07: 1.515 of 1.533 ms on the GPU alone),
   # so the "gpu" lines decide
-  bound_ab 300 "ab_defaults.log" "ab_walk.log FLASHCART_SENDER_WALK_BACKWARD=1" "ab_forms.log FLASHCART_NORM_FORMS=1" \
+  bound_ab 420 "ab_defaults.log" "ab_walk.log FLASHCART_SENDER_WALK_BACKWARD=1" "ab_forms.log FLASHCART_NORM_FORMS=1" \
+    "ab_table1024.log BOUND_TABLE=1024" "ab_table2048.log BOUND_TABLE=2048" \
     "ab_lists.log FLASHCART_STATIC_LIST=1" "ab_combo.log FLASHCART_COMBO_KERNELS=1" "ab_pairs.log FLASHCART_LINEAR_PAIRS=1" \
     "ab_all.log FLASHCART_SENDER_WALK_BACKWARD=1 FLASHCART_NORM_FORMS=1 FLASHCART_STATIC_LIST=1 FLASHCART_COMBO_KERNELS=1 FLASHCART_LINEAR_PAIRS=1"
   ;;
