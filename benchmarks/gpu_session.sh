@@ -194,7 +194,8 @@
 #   static2  one GPU: the profiler's call without and with static shapes, the model's GPU tests with them, the training step's kernels
 #   static3  one GPU, after static: graph_bound without and with static shapes (4 splits), their model and table GPU tests
 #   defaults one GPU, next: the model's table, static-list and opt-in settings' GPU tests, the tables' and the linear pairs'
-#   training one GPU: the training step's kernels of both published models under the new defaults
+#   training one GPU: the training step's kernels of both published models under the new defaults, the double
+#            backward's layouts with static shapes
 #   ab       one GPU: graph_bound under nine settings compiled side by side (sender walk, norm forms, static lists, combo
 #            kernels, linear pairs, tables of 1024 and 2048 intervals)
 #   walk     one GPU: graph_bound with static lists 0/1 and the first convolution's backward as the sender walk
@@ -1329,6 +1330,10 @@ training)
       --rows 25 --lock /tmp/profile.lock > "$out/kernels_training_$m.log" 2>&1 &
   done
   wait
+  # then the double backward's receiver-pass layouts with static shapes (compiled for sm_90 at 20 channels the training
+  # pass holds 252 registers merged, 164 split by output rank: "grouped", which lost at run-time sizes), about 2 minutes
+  timeout 150 python3 benchmarks/kernels.py --features 20 64 --out-l-max 3 --backends triton --dbwd fused split grouped \
+    --row-sums atomic > "$out/kernels_dbwd_layouts.log" 2>&1
   ;;
 ab)
   # the force call's settings still untimed, side by side (about 4 minutes with one cold compile): the defaults; the
