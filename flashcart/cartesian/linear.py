@@ -70,11 +70,16 @@ class EquivariantLinear(torch.nn.Module):
             f"in_paths={self.in_paths}, backend={self.backend!r}"
         )
 
-    def forward(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    def check_input(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> None:
+        """Raise a ``ValueError`` naming the shape unless ``x`` is ``[rows, in_width]`` and ``scale``
+        ``None`` or 0-d."""
         if x.dim() != 2 or x.shape[1] != self.in_width:
             raise ValueError(f"EquivariantLinear expects [rows, {self.in_width}], got {tuple(x.shape)}")
         if scale is not None and scale.dim() != 0:
             raise ValueError(f"EquivariantLinear's scale must be a 0-d tensor, got shape {tuple(scale.shape)}")
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        self.check_input(x, scale)
         if resolve_backend(self.backend, x) == "triton":
             from ._triton.ops import equivariant_linear
 
@@ -112,10 +117,7 @@ def linear_sum(
         from ._triton import ops
 
         if ops.LINEAR_PAIRS:
-            for lin, x in ((first, x1), (second, x2)):
-                if x.dim() != 2 or x.shape[1] != lin.in_width:
-                    raise ValueError(f"EquivariantLinear expects [rows, {lin.in_width}], got {tuple(x.shape)}")
-            if scale is not None and scale.dim() != 0:
-                raise ValueError(f"EquivariantLinear's scale must be a 0-d tensor, got shape {tuple(scale.shape)}")
+            first.check_input(x1, scale)
+            second.check_input(x2)
             return ops.equivariant_linear_sum(first, x1, second, x2, scale)
     return first(x1, scale) + second(x2)

@@ -18,7 +18,8 @@ attributes), the widths a model of that width passes (:func:`shape_values`).
 
 ``--linear-tiles T ...`` compiles the linear maps' grouped matmul instead, with ``--linear-key``
 (``'3|3|64|64|4,6,7,6'``) and ``--linear-kind`` (0 forward, 1 input gradient, 2 weight gradient)
-as the launcher compiles that map's launch, its global loads counted by width.
+as the launcher compiles that map's launch, its global loads counted by width; with
+``--linear-pair-key`` too, the launch of that map paired with a second one (``flashcart::lin_pair``).
 
 Run it without ``TRITON_INTERPRET`` (the interpreter replaces ``@triton.jit``).
 """

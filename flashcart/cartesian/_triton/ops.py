@@ -1043,15 +1043,25 @@ def row_map_split(key: str, kind: int, n_rows, use_dot: bool = True):
     return torch.sym_max(1, torch.sym_min(cap, -(-rule.programs // tiles)))
 
 
-def _row_map(a: Tensor, w: Tensor, table: Tensor, key: str, kind: int, width: int, unmixed_from: int | None) -> Tensor:
-    """``[n, width]`` output of the forward or input gradient: columns from ``unmixed_from`` on
-    (ranks no path reaches) are zero; with a split, the partial sums are added here."""
+def _map_output(key: str, kind: int, lead: tuple, like: Tensor) -> Tensor:
+    """``[*lead, width]`` for the forward (``kind`` FWD: output rows) or the input gradient
+    (BWD_X: input rows) of map ``key``, like ``like``: the columns of ranks no path reaches are
+    zero, the rest for the kernel to write."""
+    s = linear_spec(key)
+    width, offsets, l_max = (s.out_width, s.out_off, s.out_l_max) if kind == FWD else (s.in_width, s.in_off, s.in_l_max)
+    out = torch.empty((*lead, width), dtype=like.dtype, device=like.device)
+    if s.n_mixed <= l_max:
+        out[..., offsets[s.n_mixed] :].zero_()
+    return out
+
+
+def _row_map(a: Tensor, w: Tensor, table: Tensor, key: str, kind: int) -> Tensor:
+    """``[n, width]`` output of the forward or input gradient (:func:`_map_output`); with a
+    split, the partial sums are added here."""
     n = a.shape[0]
     split = row_map_split(key, kind, n, _uses_dot(a))
     unsplit = isinstance(split, int) and split == 1
-    out = torch.empty((n, width) if unsplit else (split, n, width), dtype=a.dtype, device=a.device)
-    if unmixed_from is not None:
-        out[..., unmixed_from:].zero_()
+    out = _map_output(key, kind, (n,) if unsplit else (split, n), a)
     _launch_grouped(a, w, out, table, key, kind, n, split=split)
     return out if unsplit else out.sum(0)
 
@@ -1067,11 +1077,8 @@ def _check_table(table: Tensor, key: str, like: Tensor) -> None:
 def _lin_rows(rows: Tensor, w: Tensor, table: Tensor, key: str, mode: int) -> Tensor:
     """A linear map's rows through its weights: the forward (``FWD``: input rows to output rows)
     or the input gradient (``BWD_X``: output-gradient rows to input-gradient rows)."""
-    s = linear_spec(key)
     _check_table(table, key, rows)
-    rows, w = rows.contiguous(), w.contiguous()
-    width, offsets, l_max = (s.out_width, s.out_off, s.out_l_max) if mode == FWD else (s.in_width, s.in_off, s.in_l_max)
-    return _row_map(rows, w, table, key, mode, width, offsets[s.n_mixed] if s.n_mixed <= l_max else None)
+    return _row_map(rows.contiguous(), w.contiguous(), table, key, mode)
 
 
 @kernel_op("flashcart::lin_fwd")
@@ -1163,16 +1170,9 @@ def _lin_pair_rows(r1: Tensor, w1: Tensor, r2: Tensor, w2: Tensor, t1: Tensor, t
         raise ValueError(f"a pair of linear maps runs on the same rows, got {r1.shape[0]} and {r2.shape[0]}")
     r1, w1, r2, w2 = r1.contiguous(), w1.contiguous(), r2.contiguous(), w2.contiguous()
     n = r1.shape[0]
-    outs = []
-    for key in (k1, k2):
-        sp = linear_spec(key)
-        width, offsets, l_max = (sp.out_width, sp.out_off, sp.out_l_max) if mode == FWD else (sp.in_width, sp.in_off, sp.in_l_max)
-        out = torch.empty(n, width, dtype=r1.dtype, device=r1.device)
-        if sp.n_mixed <= l_max:
-            out[:, offsets[sp.n_mixed] :].zero_()
-        outs.append(out)
-    _launch_grouped(r1, w1, outs[0], t1, k1, mode, n, pair=(r2, w2, outs[1], t2, k2))
-    return outs[0], outs[1]
+    y1, y2 = _map_output(k1, mode, (n,), r1), _map_output(k2, mode, (n,), r1)
+    _launch_grouped(r1, w1, y1, t1, k1, mode, n, pair=(r2, w2, y2, t2, k2))
+    return y1, y2
 
 
 @kernel_op("flashcart::lin_pair")
