@@ -290,11 +290,12 @@ bound_s() {  # SECONDS LOG [graph_bound.py options]: benchmarks/graph_bound.py o
 bound_ab() {  # SECONDS "LOG VAR=VALUE ..."...: graph_bound.py (i2c3f20l2r, 4096-interval tables, 5 rounds) under each
   # setting, a process each, started together: they compile side by side and time in turns (--lock), so an A/B of
   # four settings costs about one cold compile, not four; output in $out/LOG. BOUND_TABLE=K in a setting: K intervals
-  local t=$1 setting log; shift
+  # (--barrier: no process times before all have compiled; rounds interleave, one at a time)
+  local t=$1 setting log n; shift; n=$#; rm -f /tmp/bound.lock.ready.*
   for setting in "$@"; do
     set -- $setting; log=$1; shift
-    ([ $# -eq 0 ] || export "$@"; timeout "$t" python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table "${BOUND_TABLE:-4096}" --rounds 5 \
-      --lock /tmp/bound.lock > "$out/$log" 2>&1) &
+    ([ $# -eq 0 ] || export "$@"; timeout "$t" python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --radial-table "${BOUND_TABLE:-4096}" --rounds "${BOUND_ROUNDS:-5}" \
+      --lock /tmp/bound.lock --barrier "$n" > "$out/$log" 2>&1) &
   done
   wait
 }

@@ -17,7 +17,10 @@ energy and forces, float32, TF32 off), median over ``--rounds`` rounds, warm-up 
 ``FLASHCART_STATIC_LIST`` applies to). ``--cprofile N`` adds the host's busiest functions over N calls (cProfile, own time);
 ``--skip-guards`` times the calls with dynamo's guards not evaluated (what they cost the host).
 ``--lock FILE``: processes sharing one GPU (an A/B of settings, a process each) compile side by
-side and take turns for the timed calls, holding a ``flock`` on ``FILE``.
+side and take turns for the timed calls, holding a ``flock`` on ``FILE`` one round at a time (so the
+settings' rounds interleave and drift falls on all of them). ``--barrier N`` (with ``--lock``): no
+process times until all N have compiled, so no timed call shares the GPU with another process's
+first call (inductor's autotuning, table builds, graph recording).
 
 Example::
 
@@ -29,7 +32,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import glob
 import io
+import os
 import pstats
 import statistics
 import sys
@@ -49,6 +54,19 @@ from flashcart.model.predictor import Predictor, combo_kernels  # noqa: E402
 from flashcart.profiling import host_and_gpu_time  # noqa: E402
 
 
+def _wait_for_all(lock: str | None, n: int, limit_s: float = 900.0) -> None:
+    """Mark this process compiled (``lock.ready.PID``) and wait until ``n`` processes have."""
+    if not lock or n <= 1:
+        return
+    Path(f"{lock}.ready.{os.getpid()}").touch()
+    t0 = time.perf_counter()
+    while len(glob.glob(f"{glob.escape(lock)}.ready.*")) < n:
+        if time.perf_counter() - t0 > limit_s:
+            print(f"[warning] barrier: fewer than {n} processes compiled within {limit_s:.0f} s; timing anyway")
+            return
+        time.sleep(0.5)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     model_arguments(parser)
@@ -65,7 +83,14 @@ def main() -> None:
         "--lock",
         default=None,
         metavar="FILE",
-        help="processes sharing this GPU compile side by side, then time in turns: the timed calls hold a flock on FILE",
+        help="processes sharing this GPU compile side by side, then time in turns: each round holds a flock on FILE",
+    )
+    parser.add_argument(
+        "--barrier",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --lock: wait after compiling until N processes sharing FILE have compiled (FILE.ready.PID markers)",
     )
     parser.add_argument(
         "--skip-guards",
@@ -95,14 +120,15 @@ def main() -> None:
 
     times: dict[str, list[float]] = {"pipelined": [], "host": [], "serial": [], "gpu": []}
     waits = 0
-    with predictor.frozen(), contextlib.ExitStack() as turn:
+    with predictor.frozen():
         t0 = time.perf_counter()
         call()  # compiles: outside the lock
         torch.cuda.synchronize()
-        turn.enter_context(_exclusive(args.lock))  # the rest of the warm-up and every timed call alone on the GPU
-        for _ in range(4):
-            call()
-        torch.cuda.synchronize()
+        _wait_for_all(args.lock, args.barrier)
+        with _exclusive(args.lock):
+            for _ in range(4):
+                call()
+            torch.cuda.synchronize()
         print(f"[warm-up] {time.perf_counter() - t0:.0f} s (compilation included)")
         stance = contextlib.nullcontext()
         if args.skip_guards:
@@ -110,23 +136,25 @@ def main() -> None:
             print("[stance] skip_guard_eval_unsafe=True: guards not evaluated after warm-up")
         with stance:
             for _ in range(args.rounds):
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                for _ in range(args.calls):
-                    call()
-                torch.cuda.synchronize()
-                times["pipelined"].append((time.perf_counter() - t0) / args.calls * 1e3)
-                t0 = time.perf_counter()
-                for _ in range(args.calls):
+                with _exclusive(args.lock):  # one round alone on the GPU; the settings' rounds interleave
                     call()
                     torch.cuda.synchronize()
-                times["serial"].append((time.perf_counter() - t0) / args.calls * 1e3)
-                host, gpu = host_and_gpu_time(call, args.calls, device)
-                times["host"].append(host * 1e3)
-                if gpu is None:
-                    waits += 1
-                else:
-                    times["gpu"].append(gpu * 1e3)
+                    t0 = time.perf_counter()
+                    for _ in range(args.calls):
+                        call()
+                    torch.cuda.synchronize()
+                    times["pipelined"].append((time.perf_counter() - t0) / args.calls * 1e3)
+                    t0 = time.perf_counter()
+                    for _ in range(args.calls):
+                        call()
+                        torch.cuda.synchronize()
+                    times["serial"].append((time.perf_counter() - t0) / args.calls * 1e3)
+                    host, gpu = host_and_gpu_time(call, args.calls, device)
+                    times["host"].append(host * 1e3)
+                    if gpu is None:
+                        waits += 1
+                    else:
+                        times["gpu"].append(gpu * 1e3)
             for name, t in times.items():
                 if t:
                     print(f"[time] {name:<10} median {statistics.median(t):8.3f} ms/call   min {min(t):8.3f}   max {max(t):8.3f}")
