@@ -146,6 +146,7 @@
 #   eagercache one GPU: the eager force call with and without the frozen-parameter cache, the eager profiler, tests/model
 #   edgesdefault one GPU: with the fused edge features on by default: their GPU parity, tests/model's and the integrations'
 #            GPU tests (the physics battery through the eager Triton path), the eager force call A/B (about 8 minutes)
+#   abtests  one GPU: part ab with --barrier (9 rounds), then part defaults' test groups side by side (about 9 minutes)
 #   prefetchtrain one GPU: the trainer's reduce-overhead step with FLASHCART_INDEX_PREFETCH 0 and auto, a process each
 #            (the A/B that part prefetch2 did not reach; about 8 minutes)
 #   radialtable one GPU: the radial MLPs tabulated for inference (FlashCartPotential.set_radial_tables): the GPU test
@@ -1348,6 +1349,19 @@ ab)
     "ab_table1024.log BOUND_TABLE=1024" "ab_table2048.log BOUND_TABLE=2048" \
     "ab_lists.log FLASHCART_STATIC_LIST=1" "ab_combo.log FLASHCART_COMBO_KERNELS=1" "ab_pairs.log FLASHCART_LINEAR_PAIRS=1" \
     "ab_all.log FLASHCART_SENDER_WALK_BACKWARD=1 FLASHCART_NORM_FORMS=1 FLASHCART_STATIC_LIST=1 FLASHCART_COMBO_KERNELS=1 FLASHCART_LINEAR_PAIRS=1"
+  ;;
+abtests)
+  # 2026-12-07 evening, one call (about 9 minutes): part ab again with --barrier and 9 rounds (the first try timed beside
+  # other processes' first calls), then part defaults' two test groups side by side (GPU parity only, nothing timed)
+  BOUND_ROUNDS=9 bound_ab 280 "ab_defaults.log" "ab_walk.log FLASHCART_SENDER_WALK_BACKWARD=1" "ab_forms.log FLASHCART_NORM_FORMS=1" \
+    "ab_table1024.log BOUND_TABLE=1024" "ab_table2048.log BOUND_TABLE=2048" \
+    "ab_lists.log FLASHCART_STATIC_LIST=1" "ab_combo.log FLASHCART_COMBO_KERNELS=1" "ab_pairs.log FLASHCART_LINEAR_PAIRS=1" \
+    "ab_all.log FLASHCART_SENDER_WALK_BACKWARD=1 FLASHCART_NORM_FORMS=1 FLASHCART_STATIC_LIST=1 FLASHCART_COMBO_KERNELS=1 FLASHCART_LINEAR_PAIRS=1"
+  gpu_tests 0 "tests/model/test_gpu_model.py::test_radial_tables_on_gpu_compiled_and_eager tests/model/test_gpu_model.py::test_static_lists_in_reduce_overhead_calls tests/model/test_gpu_model.py::test_compiled_settings_on_gpu:290" \
+    > "$out/tests_defaults_model.log" 2>&1 &
+  gpu_tests 0 "tests/cartesian/test_weight_table.py tests/cartesian/test_fused_double_backward.py tests/cartesian/test_linear_pairs.py:290" \
+    > "$out/tests_defaults_cartesian.log" 2>&1 &
+  wait
   ;;
 walk)
   # 2026-12-07 (about 9.5 minutes): graph_bound with tables, unpadded as the profiler runs it (its "pipelined" line is the
