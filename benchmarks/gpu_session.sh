@@ -146,6 +146,7 @@
 #   eagercache one GPU: the eager force call with and without the frozen-parameter cache, the eager profiler, tests/model
 #   edgesdefault one GPU: with the fused edge features on by default: their GPU parity, tests/model's and the integrations'
 #            GPU tests (the physics battery through the eager Triton path), the eager force call A/B (about 8 minutes)
+#   liststests one GPU, the next session's first call: compiled settings' and static lists' (engine) GPU tests, the profiler A/B
 #   abtests  one GPU: part ab with --barrier (9 rounds), then part defaults' test groups side by side (about 9 minutes)
 #   prefetchtrain one GPU: the trainer's reduce-overhead step with FLASHCART_INDEX_PREFETCH 0 and auto, a process each
 #            (the A/B that part prefetch2 did not reach; about 8 minutes)
@@ -1349,6 +1350,17 @@ ab)
     "ab_table1024.log BOUND_TABLE=1024" "ab_table2048.log BOUND_TABLE=2048" \
     "ab_lists.log FLASHCART_STATIC_LIST=1" "ab_combo.log FLASHCART_COMBO_KERNELS=1" "ab_pairs.log FLASHCART_LINEAR_PAIRS=1" \
     "ab_all.log FLASHCART_SENDER_WALK_BACKWARD=1 FLASHCART_NORM_FORMS=1 FLASHCART_STATIC_LIST=1 FLASHCART_COMBO_KERNELS=1 FLASHCART_LINEAR_PAIRS=1"
+  ;;
+liststests)
+  # the next session's first call, after 2026-12-07 evening (about 9.5 minutes): what keeps static lists and combined
+  # kernels off. GPU parity side by side: the compiled model with each opt-in setting (norm forms, combined kernels) and
+  # with the linear-map pairs off (compiled == eager with training gradients), and the engine's GPU tests (ASE, OpenMM,
+  # the simulation engine's padded Predictor) with FLASHCART_STATIC_LIST=1; then the profiler itself on this card,
+  # reduce-overhead force call with tables: the defaults, then static lists + combined kernels
+  gpu_tests 0 "tests/model/test_gpu_model.py::test_compiled_settings_on_gpu:330" > "$out/tests_settings.log" 2>&1 &
+  FLASHCART_STATIC_LIST=1 gpu_tests 0 "tests/integrations/test_gpu.py tests/simulation/test_static_list.py:330" > "$out/tests_lists.log" 2>&1 &
+  wait
+  table_ab 100 "FLASHCART_STATIC_LIST=0" "FLASHCART_STATIC_LIST=1 FLASHCART_COMBO_KERNELS=1" > "$out/profile_ab.log" 2>&1
   ;;
 abtests)
   # 2026-12-07 evening, one call (about 9 minutes): part ab again with --barrier and 9 rounds (the first try timed beside

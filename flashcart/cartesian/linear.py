@@ -104,9 +104,9 @@ def linear_sum(
     first: EquivariantLinear, x1: torch.Tensor, second: EquivariantLinear, x2: torch.Tensor, scale: torch.Tensor | None = None
 ) -> torch.Tensor:
     """``first(x1, scale) + second(x2)``: two maps with the same output layout, added (a message
-    map and a skip connection). On the Triton path with ``FLASHCART_LINEAR_PAIRS=1`` both maps
-    run in one launch forward and one for their input gradients (``flashcart::lin_pair``);
-    otherwise each map alone. ``x1: [n, first.in_width]``, ``x2: [n, second.in_width]`` ->
+    map and a skip connection). On the Triton path with ``FLASHCART_LINEAR_PAIRS=1`` (the default)
+    both maps run in one launch forward and one for their input gradients
+    (``flashcart::lin_pair``); otherwise each map alone. ``x1: [n, first.in_width]``, ``x2: [n, second.in_width]`` ->
     ``[n, first.out_width]``."""
     if (first.out_l_max, first.out_features) != (second.out_l_max, second.out_features):
         raise ValueError(

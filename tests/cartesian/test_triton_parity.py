@@ -394,7 +394,7 @@ def test_index_prefetch_mode_and_auto_rule(monkeypatch):
         ("FLASHCART_FUSED_CSR_BACKWARD", "ops", "_csr_backward_mode", True),
         ("FLASHCART_SENDER_WALK_BACKWARD", "ops", "_sender_walk_mode", False),
         ("FLASHCART_STATIC_SHAPES", "signatures", "_static_shapes_mode", True),
-        ("FLASHCART_LINEAR_PAIRS", "ops", "_linear_pairs_mode", False),
+        ("FLASHCART_LINEAR_PAIRS", "ops", "_linear_pairs_mode", True),
         ("FLASHCART_LINEAR_UNIT", "ops", "_linear_unit_mode", True),
     ],
 )

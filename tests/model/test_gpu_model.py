@@ -57,22 +57,23 @@ def test_compiled_equals_eager_on_gpu(mode):
 
 
 def _switch_on(setting: str, monkeypatch) -> None:
-    """Turn on one of the compiled call's opt-in settings (off by default until timed)."""
+    """Turn on one of the compiled call's opt-in settings (off by default), or turn the linear-map
+    pairs (on by default) off."""
     if setting == "norm-forms":  # the RMS norm's invariants as quadratic forms in inductor's kernels
         import flashcart.nn.blocks as blocks
 
         monkeypatch.setattr(blocks, "_NORM_FORMS", True)
     elif setting == "combo-kernels":  # inductor's combined kernels (read when the Predictor compiles)
         monkeypatch.setenv("FLASHCART_COMBO_KERNELS", "1")
-    else:  # linear-map pairs: message map and skip connection in one launch
+    else:  # no linear-map pairs: the message map and skip connection launched one by one
         import flashcart.cartesian._triton.ops as ops
 
-        monkeypatch.setattr(ops, "LINEAR_PAIRS", True)
+        monkeypatch.setattr(ops, "LINEAR_PAIRS", False)
 
 
-@pytest.mark.parametrize("setting", ["norm-forms", "combo-kernels", "linear-pairs"])
+@pytest.mark.parametrize("setting", ["norm-forms", "combo-kernels", "separate-maps"])
 def test_compiled_settings_on_gpu(monkeypatch, setting):
-    """FLASHCART_NORM_FORMS, FLASHCART_COMBO_KERNELS and FLASHCART_LINEAR_PAIRS, each on:
+    """FLASHCART_NORM_FORMS=1, FLASHCART_COMBO_KERNELS=1 and FLASHCART_LINEAR_PAIRS=0, each alone:
     reduce-overhead calls == eager calls (float64, 1e-10: energy, forces, stress), and a compiled
     training step's parameter gradients == eager ones (1e-9)."""
     _switch_on(setting, monkeypatch)

@@ -1297,12 +1297,13 @@ def _linear_pairs_mode() -> bool:
     """``FLASHCART_LINEAR_PAIRS``: ``1`` runs two linear maps whose outputs are added
     (:func:`~flashcart.cartesian.linear_sum`: an interaction's message map and skip connection,
     a product block's final map and skip connection) as one launch forward and one for their
-    input gradients (``flashcart::lin_pair``); ``0`` (default, until timed on a GPU) launches
-    each map alone. The reduce-overhead force call is GPU-bound, and its 26 linear-map launches
-    took 0.205 ms on the H100 (2026-12-07), about 8 us each for a few microseconds of work: a
-    pair saves one launch of each. Read at import; any other value raises an error naming the
-    variable."""
-    return _switch_mode("FLASHCART_LINEAR_PAIRS", default=False)
+    input gradients (``flashcart::lin_pair``), the default; ``0`` launches each map alone. The
+    reduce-overhead force call is GPU-bound, and its 26 linear-map launches took 0.205 ms on the
+    H100 (2026-12-07), about 8 us each for a few microseconds of work: a pair saves one launch
+    of each, and i2c3f20l2r's force call 0.032 ms of GPU time (1.250 to 1.218 ms on the H100,
+    benchmarks/RESULTS.md, 2026-12-07 evening). Read at import; any other value raises an error
+    naming the variable."""
+    return _switch_mode("FLASHCART_LINEAR_PAIRS", default=True)
 
 
 # Read at import; tests and benchmarks assign the module attribute.
