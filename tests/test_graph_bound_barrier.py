@@ -1,0 +1,53 @@
+"""``benchmarks/graph_bound.py --barrier N``: a process that has compiled marks itself
+(``LOCK.ready.PID``) and waits until N processes have, so that no setting of an A/B times its
+calls beside another process's first call."""
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+graph_bound = pytest.importorskip("benchmarks.graph_bound")
+
+
+def test_waits_until_every_process_has_compiled(tmp_path):
+    """With N = 2 the call returns only once a second marker exists, and leaves its own."""
+    lock = str(tmp_path / "bound.lock")
+    other = Path(f"{lock}.ready.999999999")
+    timer = threading.Timer(1.0, other.touch)
+    t0 = time.perf_counter()
+    timer.start()
+    graph_bound._wait_for_all(lock, 2, limit_s=60)
+    waited = time.perf_counter() - t0
+    timer.join()
+    assert waited >= 0.9
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([other.name, f"bound.lock.ready.{graph_bound.os.getpid()}"])
+
+
+def test_returns_at_once_when_the_others_are_ready(tmp_path):
+    lock = str(tmp_path / "bound.lock")
+    for pid in (999999991, 999999992):
+        Path(f"{lock}.ready.{pid}").touch()
+    t0 = time.perf_counter()
+    graph_bound._wait_for_all(lock, 3, limit_s=60)
+    assert time.perf_counter() - t0 < 0.5
+
+
+def test_gives_up_with_a_warning_after_its_limit(tmp_path, capsys):
+    lock = str(tmp_path / "bound.lock")
+    t0 = time.perf_counter()
+    graph_bound._wait_for_all(lock, 2, limit_s=0.6)
+    assert 0.6 <= time.perf_counter() - t0 < 5
+    assert "[warning] barrier: fewer than 2 processes compiled within 1 s; timing anyway" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("lock, n", [(None, 4), ("bound.lock", 1), ("bound.lock", 0)])
+def test_no_barrier_without_a_lock_or_other_processes(tmp_path, monkeypatch, lock, n):
+    monkeypatch.chdir(tmp_path)
+    graph_bound._wait_for_all(lock, n)
+    assert list(tmp_path.iterdir()) == []
