@@ -1353,12 +1353,14 @@ ab)
   ;;
 liststests)
   # the next session's first call, after 2026-12-07 evening (about 9.5 minutes): what keeps static lists and combined
-  # kernels off. GPU parity side by side: the compiled model with each opt-in setting (norm forms, combined kernels) and
+  # kernels off, and the Triton .pt2 packages with the pairs. GPU parity side by side: the compiled model with each opt-in setting (norm forms, combined kernels) and
   # with the linear-map pairs off (compiled == eager with training gradients), and the engine's GPU tests (ASE, OpenMM,
   # the simulation engine's padded Predictor) with FLASHCART_STATIC_LIST=1; then the profiler itself on this card,
   # reduce-overhead force call with tables: the defaults, then static lists + combined kernels
   gpu_tests 0 "tests/model/test_gpu_model.py::test_compiled_settings_on_gpu:330" > "$out/tests_settings.log" 2>&1 &
   FLASHCART_STATIC_LIST=1 gpu_tests 0 "tests/integrations/test_gpu.py tests/simulation/test_static_list.py:330" > "$out/tests_lists.log" 2>&1 &
+  # the Triton-kernel CUDA packages, which now inline the linear-map pairs' kernel (flashcart::lin_pair)
+  gpu_tests 0 "tests/export/test_gpu_export.py -k True:330" > "$out/tests_pt2.log" 2>&1 &
   wait
   table_ab 100 "FLASHCART_STATIC_LIST=0" "FLASHCART_STATIC_LIST=1 FLASHCART_COMBO_KERNELS=1" > "$out/profile_ab.log" 2>&1
   ;;
