@@ -1361,6 +1361,10 @@ liststests)
   FLASHCART_STATIC_LIST=1 gpu_tests 0 "tests/integrations/test_gpu.py tests/simulation/test_static_list.py:330" > "$out/tests_lists.log" 2>&1 &
   # the Triton-kernel CUDA packages, which now inline the linear-map pairs' kernel (flashcart::lin_pair)
   gpu_tests 0 "tests/export/test_gpu_export.py -k True:330" > "$out/tests_pt2.log" 2>&1 &
+  # single maps through grouped_matmul since it gained the pairs' operands (N_FIRST), and the Triton model (pairs on)
+  # against the PyTorch model with training gradients
+  gpu_tests 0 "tests/cartesian/test_triton_parity.py -k linear_parity:150" "tests/model/test_gpu_model.py::test_triton_model_matches_torch_model_with_training_gradients:150" \
+    > "$out/tests_linear.log" 2>&1 &
   wait
   table_ab 100 "FLASHCART_STATIC_LIST=0" "FLASHCART_STATIC_LIST=1 FLASHCART_COMBO_KERNELS=1" > "$out/profile_ab.log" 2>&1
   ;;
