@@ -71,7 +71,7 @@ def _switch_on(setting: str, monkeypatch) -> None:
         monkeypatch.setattr(ops, "LINEAR_PAIRS", False)
 
 
-@pytest.mark.parametrize("setting", ["norm-forms", "combo-kernels", "separate-maps"])
+@pytest.mark.parametrize("setting", ["combo-kernels", "separate-maps", "norm-forms"])
 def test_compiled_settings_on_gpu(monkeypatch, setting):
     """FLASHCART_NORM_FORMS=1, FLASHCART_COMBO_KERNELS=1 and FLASHCART_LINEAR_PAIRS=0, each alone:
     reduce-overhead calls == eager calls (float64, 1e-10: energy, forces, stress), and a compiled
