@@ -90,7 +90,8 @@ def main() -> None:
         type=int,
         default=0,
         metavar="N",
-        help="with --lock: wait after compiling until N processes sharing FILE have compiled (FILE.ready.PID markers)",
+        help="with --lock: wait after compiling until N processes sharing FILE have compiled (FILE.ready.PID markers; "
+        "remove an earlier run's markers first, as gpu_session.sh's bound_ab does)",
     )
     parser.add_argument(
         "--skip-guards",
@@ -98,6 +99,8 @@ def main() -> None:
         help="after warm-up, calls under set_stance(skip_guard_eval_unsafe=True): what dynamo's guards cost the host",
     )
     args = parser.parse_args()
+    if args.barrier < 0 or (args.barrier > 1 and not args.lock):
+        parser.error(f"--barrier {args.barrier}: a count of processes (0 or 1: none), and it needs --lock FILE")
     if args.device != "cuda":
         parser.error("graph_bound.py measures CUDA calls: --device cuda")
     torch.backends.cuda.matmul.allow_tf32 = False

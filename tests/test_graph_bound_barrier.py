@@ -2,6 +2,7 @@
 (``LOCK.ready.PID``) and waits until N processes have, so that no setting of an A/B times its
 calls beside another process's first call."""
 
+import subprocess
 import sys
 import threading
 import time
@@ -51,3 +52,18 @@ def test_no_barrier_without_a_lock_or_other_processes(tmp_path, monkeypatch, loc
     monkeypatch.chdir(tmp_path)
     graph_bound._wait_for_all(lock, n)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("options", [["--barrier", "3"], ["--barrier", "-1", "--lock", "x.lock"]])
+def test_a_barrier_without_a_lock_or_below_zero_is_refused(options):
+    """``--barrier`` is read only with ``--lock``: without one (or with a negative count) the script
+    exits with argparse's status 2 naming the option, before building anything."""
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "graph_bound.py"), "--device", "cuda", *options],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert f"--barrier {options[1]}: a count of processes (0 or 1: none), and it needs --lock FILE" in run.stderr
