@@ -302,6 +302,12 @@ bound_ab() {  # SECONDS "LOG VAR=VALUE ..."...: graph_bound.py (i2c3f20l2r, 4096
   wait
 }
 
+# parts ab and abtests: the force call's settings of 2026-12-07 (LINEAR_PAIRS=1 became the default after them)
+AB_SETTINGS=("ab_defaults.log" "ab_walk.log FLASHCART_SENDER_WALK_BACKWARD=1" "ab_forms.log FLASHCART_NORM_FORMS=1"
+  "ab_table1024.log BOUND_TABLE=1024" "ab_table2048.log BOUND_TABLE=2048"
+  "ab_lists.log FLASHCART_STATIC_LIST=1" "ab_combo.log FLASHCART_COMBO_KERNELS=1" "ab_pairs.log FLASHCART_LINEAR_PAIRS=1"
+  "ab_all.log FLASHCART_SENDER_WALK_BACKWARD=1 FLASHCART_NORM_FORMS=1 FLASHCART_STATIC_LIST=1 FLASHCART_COMBO_KERNELS=1 FLASHCART_LINEAR_PAIRS=1")
+
 matmul_ab() {  # SECONDS per process: i3c3f64l2's reduce-overhead force call with FLASHCART_LINEAR_MATMUL=scalar, then =0
   for mode in scalar 0; do
     FLASHCART_LINEAR_MATMUL=$mode timeout "$1" python3 benchmarks/radial_pairs.py --device cuda --model i3c3f64l2 --structure diamond \
@@ -1346,10 +1352,7 @@ ab)
   # float32 MLP, RESULTS 2026-12-05; 5.5 instead of 22 MB for the second interaction, so L2-resident: the table-reading
   # kernels did not speed up with fewer registers or instructions, 2026-12-07). The call is GPU-bound (2026-12-07: 1.515 of 1.533 ms on the GPU alone),
   # so the "gpu" lines decide
-  bound_ab 420 "ab_defaults.log" "ab_walk.log FLASHCART_SENDER_WALK_BACKWARD=1" "ab_forms.log FLASHCART_NORM_FORMS=1" \
-    "ab_table1024.log BOUND_TABLE=1024" "ab_table2048.log BOUND_TABLE=2048" \
-    "ab_lists.log FLASHCART_STATIC_LIST=1" "ab_combo.log FLASHCART_COMBO_KERNELS=1" "ab_pairs.log FLASHCART_LINEAR_PAIRS=1" \
-    "ab_all.log FLASHCART_SENDER_WALK_BACKWARD=1 FLASHCART_NORM_FORMS=1 FLASHCART_STATIC_LIST=1 FLASHCART_COMBO_KERNELS=1 FLASHCART_LINEAR_PAIRS=1"
+  bound_ab 420 "${AB_SETTINGS[@]}"
   ;;
 liststests)
   # the next session's first call, after 2026-12-07 evening (about 9.5 minutes): what keeps static lists and combined
@@ -1371,10 +1374,7 @@ liststests)
 abtests)
   # 2026-12-07 evening, one call (about 9 minutes): part ab again with --barrier and 9 rounds (the first try timed beside
   # other processes' first calls), then part defaults' two test groups side by side (GPU parity only, nothing timed)
-  BOUND_ROUNDS=9 bound_ab 280 "ab_defaults.log" "ab_walk.log FLASHCART_SENDER_WALK_BACKWARD=1" "ab_forms.log FLASHCART_NORM_FORMS=1" \
-    "ab_table1024.log BOUND_TABLE=1024" "ab_table2048.log BOUND_TABLE=2048" \
-    "ab_lists.log FLASHCART_STATIC_LIST=1" "ab_combo.log FLASHCART_COMBO_KERNELS=1" "ab_pairs.log FLASHCART_LINEAR_PAIRS=1" \
-    "ab_all.log FLASHCART_SENDER_WALK_BACKWARD=1 FLASHCART_NORM_FORMS=1 FLASHCART_STATIC_LIST=1 FLASHCART_COMBO_KERNELS=1 FLASHCART_LINEAR_PAIRS=1"
+  BOUND_ROUNDS=9 bound_ab 280 "${AB_SETTINGS[@]}"
   gpu_tests 0 "tests/model/test_gpu_model.py::test_radial_tables_on_gpu_compiled_and_eager tests/model/test_gpu_model.py::test_static_lists_in_reduce_overhead_calls tests/model/test_gpu_model.py::test_compiled_settings_on_gpu:290" \
     > "$out/tests_defaults_model.log" 2>&1 &
   gpu_tests 0 "tests/cartesian/test_weight_table.py tests/cartesian/test_fused_double_backward.py tests/cartesian/test_linear_pairs.py:290" \
