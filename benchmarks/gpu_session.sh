@@ -198,6 +198,8 @@
 #   defaults one GPU, next: the model's table, static-list and opt-in settings' GPU tests, the tables' and the linear pairs'
 #   training one GPU: the training step's kernels of both published models under the new defaults, the double
 #            backward's layouts with static shapes
+#   stepratio one GPU: the training step's kernels of both published models, then the force call and the trainer's
+#            step in one process (the training target's ratio; about 9.5 minutes)
 #   ab       one GPU: graph_bound under nine settings compiled side by side (sender walk, norm forms, static lists, combo
 #            kernels, linear pairs, tables of 1024 and 2048 intervals)
 #   walk     one GPU: graph_bound with static lists 0/1 and the first convolution's backward as the sender walk
@@ -1344,6 +1346,18 @@ training)
   timeout 150 python3 benchmarks/kernels.py --features 20 64 --out-l-max 3 --backends triton --dbwd fused split grouped \
     --row-sums atomic > "$out/kernels_dbwd_layouts.log" 2>&1
   ;;
+stepratio)
+  # the training target re-timed under the 2026-12-07 defaults (static shapes, 4 walk splits at 20 channels, linear-map
+  # pairs): the training step's kernels of both published models (compiled side by side, profiled in turns), then
+  # i2c3f20l2r's reduce-overhead force call and the trainer's step in one process, as part steptrain (about 9.5 minutes)
+  for m in i2c3f20l2r i3c3f64l2; do
+    timeout 280 python3 benchmarks/kernel_profile.py --device cuda --model $m --phases training --compile-mode default --repeat 5 \
+      --rows 25 --lock /tmp/profile.lock > "$out/kernels_training_$m.log" 2>&1 &
+  done
+  wait
+  timeout 260 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond --calls reduce-overhead \
+    --training --setting pair --rounds 7 --calls-per-round 20 > "$out/calls_training.log" 2>&1
+  ;;
 ab)
   # the force call's settings still untimed, side by side (about 4 minutes with one cold compile): the defaults; the
   # first convolution's backward as the sender walk; the RMS norm's invariants as quadratic forms; static lists (the
@@ -1441,7 +1455,7 @@ slopesquick)
   table_ab 110 FLASHCART_TABLE_SLOPES=1 FLASHCART_TABLE_SLOPES=0 > "$out/profile_slopes.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (static, static2, walk, walktests, tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, pathgroups, splitsauto, splitsautotrain, splitsparity, prefetch, prefetch2, geomdump, eagercache, rowwise, eagernext, eagersync, rmsforms, edges or ddp)"; exit 2
+  echo "unknown part $part (static, static2, walk, walktests, tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepratio, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, pathgroups, splitsauto, splitsautotrain, splitsparity, prefetch, prefetch2, geomdump, eagercache, rowwise, eagernext, eagersync, rmsforms, edges or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done
