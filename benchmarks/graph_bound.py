@@ -13,6 +13,9 @@ energy and forces, float32, TF32 off), median over ``--rounds`` rounds, warm-up 
   call and the GPU's time per call alone (the calls queued behind a sleep kernel, timed by CUDA
   events), which ``flashcart-profile`` prints as its ``[host-gpu]`` lines.
 
+``--training`` times the trainer's step too (``Predictor.loss_and_grads``: energies and forces with
+the gradients in the graph, the loss, the parameter gradients; radial MLPs, as training needs
+them), in the same rounds, and prints its ratio to the force call (the training target's ratio).
 ``--pad`` times a padded Predictor instead, as the simulation engine runs one (the one
 ``FLASHCART_STATIC_LIST`` applies to). ``--cprofile N`` adds the host's busiest functions over N calls (cProfile, own time);
 ``--skip-guards`` times the calls with dynamo's guards not evaluated (what they cost the host).
@@ -48,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import flashcart.cartesian._triton.ops as triton_ops  # noqa: E402
 import flashcart.model.static_buffers as static_buffers  # noqa: E402
 import flashcart.nn.blocks as blocks  # noqa: E402
-from benchmarks.kernel_profile import _exclusive, build, model_arguments  # noqa: E402
+from benchmarks.kernel_profile import _exclusive, build, masked_loss, model_arguments  # noqa: E402
 from flashcart.cartesian._triton import signatures  # noqa: E402
 from flashcart.model.predictor import Predictor, combo_kernels  # noqa: E402
 from flashcart.profiling import host_and_gpu_time  # noqa: E402
@@ -65,6 +68,28 @@ def _wait_for_all(lock: str | None, n: int, limit_s: float = 900.0) -> None:
             print(f"[warning] barrier: fewer than {n} processes compiled within {limit_s:.0f} s; timing anyway")
             return
         time.sleep(0.5)
+
+
+def _time_step(step, calls: int, device, out: dict[str, list[float]], params) -> None:
+    """One round of the training step, its parameters requiring grad again inside the force
+    calls' ``predictor.frozen()``: pipelined ms per step and the GPU's time alone, appended to
+    ``out``."""
+    for p in params:
+        p.requires_grad_(True)
+    try:
+        step()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            step()
+        torch.cuda.synchronize()
+        out["pipelined"].append((time.perf_counter() - t0) / calls * 1e3)
+        _, gpu = host_and_gpu_time(step, calls, device)
+        if gpu is not None:
+            out["gpu"].append(gpu * 1e3)
+    finally:
+        for p in params:
+            p.requires_grad_(False)
 
 
 def main() -> None:
@@ -94,6 +119,11 @@ def main() -> None:
         "remove an earlier run's markers first, as gpu_session.sh's bound_ab does)",
     )
     parser.add_argument(
+        "--training",
+        action="store_true",
+        help="time the trainer's step too (Predictor.loss_and_grads, gradients in the graph) and its ratio to the force call",
+    )
+    parser.add_argument(
         "--skip-guards",
         action="store_true",
         help="after warm-up, calls under set_stance(skip_guard_eval_unsafe=True): what dynamo's guards cost the host",
@@ -101,6 +131,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.barrier < 0 or (args.barrier > 1 and not args.lock):
         parser.error(f"--barrier {args.barrier}: a count of processes (0 or 1: none), and it needs --lock FILE")
+    if args.training and args.radial_table:
+        parser.error(
+            f"--training with --radial-table {args.radial_table}: the training step needs the radial MLPs (tables are for inference)"
+        )
     if args.device != "cuda":
         parser.error("graph_bound.py measures CUDA calls: --device cuda")
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -115,14 +149,27 @@ def main() -> None:
         f"radial tables {args.radial_table or 'off'}, {'padded' if args.pad else 'unpadded'}, "
         f"static lists {static_buffers.STATIC_LIST}, norm forms {blocks._NORM_FORMS}, static shapes {signatures.STATIC_SHAPES}, "
         f"sender walk {triton_ops.SENDER_WALK_BACKWARD}, combo kernels {combo_kernels()}, float32, TF32 off, "
+        f"fused double backward {os.environ.get('FLASHCART_FUSED_DOUBLE_BACKWARD') or '1'}, "
         f"{args.calls} calls x {args.rounds} rounds"
     )
 
     def call() -> None:
         predictor(batch, forces=True)
 
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def step() -> None:  # the trainer's way (Predictor.loss_and_grads); outside predictor.frozen()
+        predictor.loss_and_grads(batch, masked_loss, params, forces=True)
+
     times: dict[str, list[float]] = {"pipelined": [], "host": [], "serial": [], "gpu": []}
+    step_times: dict[str, list[float]] = {"pipelined": [], "gpu": []}
     waits = 0
+    if args.training:
+        t0 = time.perf_counter()
+        for _ in range(3):
+            step()  # compiles: outside the lock
+        torch.cuda.synchronize()
+        print(f"[warm-up] training step: {time.perf_counter() - t0:.0f} s (compilation included)")
     with predictor.frozen():
         t0 = time.perf_counter()
         call()  # compiles: outside the lock
@@ -158,9 +205,18 @@ def main() -> None:
                         waits += 1
                     else:
                         times["gpu"].append(gpu * 1e3)
+                    if args.training:
+                        _time_step(step, args.calls, device, step_times, params)
             for name, t in times.items():
                 if t:
                     print(f"[time] {name:<10} median {statistics.median(t):8.3f} ms/call   min {min(t):8.3f}   max {max(t):8.3f}")
+            for name, t in step_times.items():
+                if t:
+                    ratio = statistics.median(t) / statistics.median(times[name]) if times[name] else float("nan")
+                    print(
+                        f"[step] {name:<10} median {statistics.median(t):8.3f} ms/step   min {min(t):8.3f}   max {max(t):8.3f}"
+                        f"   {ratio:.2f}x the force call"
+                    )
             if waits:
                 print(f"[warning] in {waits} of {args.rounds} rounds a call waited for the GPU: no GPU-alone time")
             if args.cprofile:

@@ -11,8 +11,9 @@ fraction of the measured copy bandwidth.
 The Triton double backward is timed in each ``--dbwd`` mode: ``fused`` (the generated fused
 kernels, two launches, the default), ``split`` (fused, with the output cotangent's result
 in a receiver pass of its own: three launches, fewer registers), ``grouped`` (fused, the
-receiver pass split by output rank over a grid axis: two launches, no register spills) and
-``composed`` (tp_fwd/tp_bwd launches with substituted operands,
+receiver pass split by output rank over a grid axis: two launches, no register spills),
+``atomic`` (fused, one receiver pass that also adds d x1 into the senders' rows by atomics:
+one launch, the edge operands read once) and ``composed`` (tp_fwd/tp_bwd launches with substituted operands,
 ``FLASHCART_FUSED_DOUBLE_BACKWARD=0``). The Triton backward is also timed the other way of
 ``FLASHCART_FUSED_CSR_BACKWARD`` (one pass per sender, ``tp_bwd_csr``, against the two kernels).
 ``--splits 1 2 4`` times the Triton kernels with each node's edges walked by that many programs
@@ -26,7 +27,7 @@ rows, one per pair of reverse edges, read by both edges through ``WeightRows``, 
 them) and times each way of summing the weights' gradient into rows in turn
 (``FLASHCART_WEIGHT_ROW_SUM``, see ``flashcart.cartesian._triton.weight_rows``).
 
-    python benchmarks/kernels.py --features 20 64 128 [--dbwd fused split grouped composed] [--splits 1 4] [--json out.json]
+    python benchmarks/kernels.py --features 20 64 128 [--dbwd fused split grouped atomic composed] [--splits 1 4] [--json out.json]
     python benchmarks/kernels.py --features 20 --out-l-max 3 --backends triton --dbwd fused --row-sums atomic pass
 
 ``--host-overhead`` measures instead, on the CPU, what the Python side of each call costs:
@@ -88,24 +89,32 @@ def bench(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
-# (ops.FUSED_DOUBLE_BACKWARD, double_backward.SPLIT_ROW_PASS, double_backward.ROW_GROUPS)
+# (ops.FUSED_DOUBLE_BACKWARD, double_backward.SPLIT_ROW_PASS, double_backward.ROW_GROUPS, double_backward.X1_ATOMIC)
 DBWD_MODES = {
-    "fused": (True, False, False),
-    "split": (True, True, False),
-    "grouped": (True, False, True),
-    "composed": (False, False, False),
+    "fused": (True, False, False, False),
+    "split": (True, True, False, False),
+    "grouped": (True, False, True, False),
+    "atomic": (True, False, False, True),
+    "composed": (False, False, False, False),
 }
+_DBWD_SWITCHES = ("SPLIT_ROW_PASS", "ROW_GROUPS", "X1_ATOMIC")
 
 
 @contextlib.contextmanager
 def dbwd_mode(mode: str):
     """Select the Triton double backward (see the module docstring) inside the block."""
-    saved = ops.FUSED_DOUBLE_BACKWARD, double_backward.SPLIT_ROW_PASS, double_backward.ROW_GROUPS
-    ops.FUSED_DOUBLE_BACKWARD, double_backward.SPLIT_ROW_PASS, double_backward.ROW_GROUPS = DBWD_MODES[mode]
+    saved = (ops.FUSED_DOUBLE_BACKWARD, *(getattr(double_backward, n) for n in _DBWD_SWITCHES))
+
+    def put(values):
+        ops.FUSED_DOUBLE_BACKWARD = values[0]
+        for n, v in zip(_DBWD_SWITCHES, values[1:]):
+            setattr(double_backward, n, v)
+
+    put(DBWD_MODES[mode])
     try:
         yield
     finally:
-        ops.FUSED_DOUBLE_BACKWARD, double_backward.SPLIT_ROW_PASS, double_backward.ROW_GROUPS = saved
+        put(saved)
 
 
 def host_overhead(features: int = 20, rounds: int = 5, calls: int = 200) -> dict[str, float]:

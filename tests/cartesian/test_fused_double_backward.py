@@ -193,15 +193,17 @@ def test_a_recorded_double_backward_is_composed_and_third_derivatives_agree(fuse
 
 def test_switch_reads_its_modes_and_names_a_bad_value(monkeypatch):
     for raw, mode in [
-        ("0", (False, False, False)),
-        ("", (True, False, False)),
-        ("1", (True, False, False)),
-        ("grouped", (True, False, True)),
+        ("0", (False, False, False, False)),
+        ("", (True, False, False, False)),
+        ("1", (True, False, False, False)),
+        ("split", (True, True, False, False)),
+        ("grouped", (True, False, True, False)),
+        ("atomic", (True, False, False, True)),
     ]:
         monkeypatch.setenv("FLASHCART_FUSED_DOUBLE_BACKWARD", raw)
         assert double_backward.env_mode() == mode
     monkeypatch.setenv("FLASHCART_FUSED_DOUBLE_BACKWARD", "yes")
-    with pytest.raises(ValueError, match="FLASHCART_FUSED_DOUBLE_BACKWARD must be one of 1, 0, split, grouped, got 'yes'"):
+    with pytest.raises(ValueError, match="FLASHCART_FUSED_DOUBLE_BACKWARD must be one of 1, 0, split, grouped, atomic, got 'yes'"):
         double_backward.env_mode()
 
 
@@ -321,7 +323,7 @@ def test_fused_double_backward_parity_on_gpu(name, fused):
     # the other receiver-pass layouts (compiled for the device here, not only interpreted)
     fused(True)
     expected = _second_order(ref, graph, _leaves([go, *xs]), cots, (True, True, True))
-    for layout in ("SPLIT_ROW_PASS", "ROW_GROUPS"):
+    for layout in ("SPLIT_ROW_PASS", "ROW_GROUPS", "X1_ATOMIC"):
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(double_backward, layout, True)
             got = _second_order(tp, graph, _leaves([go, *xs]), cots, (True, True, True))
@@ -485,3 +487,66 @@ def test_compiled_force_training_uses_the_fused_custom_op(fused):
     torch._dynamo.reset()
     for a, b in zip(*results):
         assert_close(b, a, 1e-12, "compiled vs eager")
+
+
+@needs_triton
+@pytest.mark.parametrize("name", ["conv-bcast-x2", "conv-bcast-x1-shared", "conv-two-blocks"])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_d_x1_by_atomics_equals_the_sender_pass(name, splits, monkeypatch):
+    """``X1_ATOMIC`` (``FLASHCART_FUSED_DOUBLE_BACKWARD=atomic``): the receiver pass adds each
+    edge's d x1 term into its sender's row and ``tp_dbwd_x1_csr`` is not launched; the results
+    equal the sender pass's for every cotangent pattern that has a d x1 term, with split walks
+    and broadcast inputs. With deterministic algorithms on, the sender pass runs instead."""
+    from flashcart.cartesian._triton import common
+
+    monkeypatch.setattr(common, "DBWD_SPLITS", splits)
+    case = CASES[name]
+    tp, graph, (x1, x2, w), rand = _problem(case, n_nodes=4, n_edges=9)
+    key = product_key(*case[:3], False, case[6])
+    csr = (*graph, *edge_csr(*graph, x1.shape[0]), None, None)
+    go = rand(*tp(x1, x2, w, *graph).shape)
+    gg = (rand(*x1.shape), rand(*x2.shape), rand(*w.shape))
+    launched = []
+
+    class Spy:
+        def __init__(self, sig):
+            self.sig = sig
+
+        def launch(self, module, grid, **kw):
+            launched.append((self.sig.name, kw.get("X1_ATOMIC"), kw.get("NEED_X1")))
+            return self.sig.launch(module, grid, **kw)
+
+    monkeypatch.setattr(double_backward, "TP_DBWD_ROW", Spy(signatures.TP_DBWD_ROW))
+    monkeypatch.setattr(double_backward, "TP_DBWD_X1_CSR", Spy(signatures.TP_DBWD_X1_CSR))
+    for present in [(True, True, True), (False, True, False), (False, False, True), (True, False, True)]:
+        ggs = [t if p else None for t, p in zip(gg, present)]
+        for need in [(True, True, True, True), (True, True, False, True), (False, True, False, False)]:
+            monkeypatch.setattr(double_backward, "X1_ATOMIC", False)
+            launched.clear()
+            two_pass = ops.tp_dbwd(go, x1, x2, w, *ggs, *csr, key, *need)
+            assert ("tp_dbwd_x1_csr", None, None) in launched
+            monkeypatch.setattr(double_backward, "X1_ATOMIC", True)
+            launched.clear()
+            one_pass = ops.tp_dbwd(go, x1, x2, w, *ggs, *csr, key, *need)
+            assert [n for n, *_ in launched] == ["tp_dbwd_row"]
+            assert launched[0][1:] == (True, True)
+            assert one_pass[1].abs().max() > 0
+            for what, a, b in zip(("d go", "d x1", "d x2", "d w"), one_pass, two_pass):
+                assert_close(a, b, 1e-12, f"{name} {present} {need} {what} atomic vs sender pass")
+            launched.clear()
+            with torch_deterministic():
+                again = ops.tp_dbwd(go, x1, x2, w, *ggs, *csr, key, *need)
+            assert ("tp_dbwd_x1_csr", None, None) in launched
+            for a, b in zip(again, two_pass):
+                assert torch.equal(a, b)
+
+
+class torch_deterministic:
+    """``torch.use_deterministic_algorithms(True)`` inside the block, the previous state after."""
+
+    def __enter__(self):
+        self.saved = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(True)
+
+    def __exit__(self, *exc):
+        torch.use_deterministic_algorithms(self.saved)

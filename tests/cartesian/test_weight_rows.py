@@ -53,6 +53,7 @@ def _problem(device, F=3):
         "triton",
         "triton, two-kernel backward",
         "triton, composed double backward",
+        "triton, d x1 by atomics",
         "triton, row sums in a pass",
         "triton, row sums in a pass, two-kernel backward",
         "triton, row sums in a pass, composed double backward",
@@ -64,6 +65,7 @@ def test_weight_rows_equal_gathered_weights(variant, device, monkeypatch):
     kernels adding each edge's weight gradient into its row (default) and with a separate pass."""
     import flashcart.cartesian._triton.ops as ops
     import flashcart.cartesian._triton.weight_rows as row_sums
+    from flashcart.cartesian._triton import double_backward
 
     if variant != "torch" and needs_triton.args[0]:
         pytest.skip(needs_triton.kwargs["reason"])
@@ -72,6 +74,7 @@ def test_weight_rows_equal_gathered_weights(variant, device, monkeypatch):
     monkeypatch.setattr(ops, "FUSED_CSR_BACKWARD", not variant.endswith("two-kernel backward"))
     monkeypatch.setattr(ops, "FUSED_DOUBLE_BACKWARD", not variant.endswith("composed double backward"))
     monkeypatch.setattr(row_sums, "IN_KERNEL", "row sums in a pass" not in variant)
+    monkeypatch.setattr(double_backward, "X1_ATOMIC", variant.endswith("d x1 by atomics"))
     ref, receivers, senders, rows, inputs = _problem(device)
     tp = TensorProduct(2, 3, 3, 3, 1, backend="torch" if variant == "torch" else "triton")
 

@@ -21,7 +21,9 @@ loaded once per edge:
   the edge's weight row instead, and ``ggw`` is read per weight row). In dense mode it also
   stores ``d x1``.
 * ``tp_dbwd_x1_csr``: convolution-mode ``d x1``, one program per sender walking that
-  sender's edges (``perm`` sorts edges by sender), again without atomics.
+  sender's edges (``perm`` sorts edges by sender), again without atomics. With ``X1_ATOMIC``
+  the receiver pass adds each edge's ``d x1`` term into its sender's row instead (atomics; the
+  weights and their cotangent are then read once per edge, not twice), and this pass is not run.
 
 With ``ROW_GROUPS`` (convolution mode) the receiver pass splits its paths by output rank over
 grid axis 2: a program holds one rank's output cotangent, accumulators and weight columns
@@ -91,20 +93,30 @@ def _zeros(indent: str, prefix: str, ranks) -> list[str]:
     return [f"{indent}{prefix}{l}_{i} = tl.zeros([BLOCK_F], dtype=DT)" for l, i in _comps(ranks)]
 
 
-def _store_input_grad(indent: str, ptr: str, prefix: str, ranks, l_max: int, red: str, group: int = 0) -> list[str]:
+def _store_input_grad(indent: str, ptr: str, prefix: str, ranks, l_max: int, red: str, group: int = 0, atomic: bool = False) -> list[str]:
     """Store every component ``0..(l_max+1)^2`` of an input gradient (zeros for ranks without
     paths): per channel, or with ``red`` set the channel-block sum in column block ``pf``.
-    Path group ``group`` (``ROW_GROUPS``) writes its partial sum in column block ``group``."""
+    Path group ``group`` (``ROW_GROUPS``) writes its partial sum in column block ``group``.
+    With ``atomic`` the values are added (``tl.atomic_add``, relaxed) into a zeroed row instead,
+    and components without paths are skipped."""
     n = (l_max + 1) ** 2
     values = [(l * l + i, f"{prefix}{l}_{i}" if l in ranks else "tl.zeros([BLOCK_F], dtype=DT)") for l, i in _comps(range(l_max + 1))]
+    if atomic:
+        values = [(k, v) for k, v in values if not v.startswith("tl.zeros")]
     col = f"({group} * tl.num_programs(1) + pf) * {n}" if group else f"pf * {n}"
     L = [f"{indent}if {red}:"]
     # with unmasked loads (codegen._channels_clamped) the lanes past F hold the last channel again
     summed = [(k, f"tl.where(fm, {v}, 0.0)" if codegen._CLAMP and not v.startswith("tl.zeros") else v) for k, v in values]
-    L += [f"{indent}{_I}tl.store({ptr} + {col} + {k}, tl.sum({v}, axis=0))" for k, v in summed]
+    if atomic:
+        L += [f'{indent}{_I}tl.atomic_add({ptr} + {col} + {k}, tl.sum({v}, axis=0), sem="relaxed")' for k, v in summed]
+    else:
+        L += [f"{indent}{_I}tl.store({ptr} + {col} + {k}, tl.sum({v}, axis=0))" for k, v in summed]
     L += [f"{indent}else:"]
     base = f"{group * n} * F + " if group else ""
-    L += [f"{indent}{_I}tl.store({ptr} + {base}{k} * F + f, {v}, mask=fm)" for k, v in values]
+    if atomic:
+        L += [f'{indent}{_I}tl.atomic_add({ptr} + {base}{k} * F + f, {v}, mask=fm, sem="relaxed")' for k, v in values]
+    else:
+        L += [f"{indent}{_I}tl.store({ptr} + {base}{k} * F + f, {v}, mask=fm)" for k, v in values]
     return L
 
 
@@ -256,12 +268,18 @@ def _row_body(indent: str, sel, offsets, in1_l_max: int, in2_l_max: int, group: 
     L.append(f"{II}if NEED_W:")
     L += _d_w(III, sel)
     if dense_x1:
-        L.append(f"{II}if NEED_X1:  # dense mode only (convolution: tp_dbwd_x1_csr)")
+        # dense mode stores each row's d x1; convolution mode adds each edge's term into its
+        # sender's row with X1_ATOMIC (else tp_dbwd_x1_csr walks the senders)
+        L.append(f"{II}if NEED_X1:")
+        IV = III + _I
         ranks1 = _ranks(paths, "l1")
         L += _zeros(III, "g", ranks1)
         L += _d_x1_terms(III, sel)
         L.append(f"{III}pdx1 = dx1_ptr + src * dx1_row")
-        L += _store_input_grad(III, "pdx1", "g", ranks1, in1_l_max, "RED_X1")
+        L.append(f"{III}if X1_ATOMIC:")
+        L += _store_input_grad(IV, "pdx1", "g", ranks1, in1_l_max, "RED_X1", atomic=True)
+        L.append(f"{III}else:")
+        L += _store_input_grad(IV, "pdx1", "g", ranks1, in1_l_max, "RED_X1")
     L.append(f"{I}if NEED_GO:")
     L.append(f"{II}pdgo = dgo_ptr + orow * go_row")
     L += [f"{II}tl.store(pdgo + {k} * F + f, acc{k}, mask=fm)" for k in blocks]

@@ -149,6 +149,19 @@ def _variants(dbwd_only: bool):
             "tp_dbwd_row training, rows, groups",
             dict(CONV=True, NEED_X1=False, RED_X1=False, W_INDEX=True, W_ROWS=True, SPLITS=4, **{**training, "ROW_GROUPS": True}),
         ),
+        (
+            # FLASHCART_FUSED_DOUBLE_BACKWARD=atomic: d x1 added into the senders' rows, no sender pass
+            "dbwd",
+            TP_DBWD_ROW,
+            "tp_dbwd_row training + atomic d_x1, rows, 4 splits",
+            dict(CONV=True, NEED_X1=True, X1_ATOMIC=True, RED_X1=False, W_INDEX=True, W_ROWS=True, SPLITS=4, **training),
+        ),
+        (
+            "dbwd",
+            TP_DBWD_ROW,
+            "tp_dbwd_row conv all + atomic d_x1, 4 splits",
+            dict(CONV=True, NEED_X1=True, X1_ATOMIC=True, RED_X1=False, SPLITS=4, **every),
+        ),
     ]
     return out
 
@@ -234,7 +247,11 @@ def resource_usage(
             continue
         signature = {a: ("*i64" if a in _INDEX else f"*{dtype}") if a.endswith("_ptr") else "i32" for a in sig.args}
         signature |= {c: "constexpr" for c in sig.constexprs}
-        defaults = {c: v for c, v in (("SPLITS", 1), ("PREFETCH", True), ("W_SLOPE", False), ("W_TABLE", False)) if c in sig.constexprs}
+        defaults = {
+            c: v
+            for c, v in (("SPLITS", 1), ("PREFETCH", True), ("W_SLOPE", False), ("W_TABLE", False), ("X1_ATOMIC", False))
+            if c in sig.constexprs
+        }
         sizes = {n: v for n, v in shape_values(key, channels or block_f).items() if n in sig.constexprs}
         constexprs = {**defaults, **flags, **sizes, "BLOCK_F": block_f, "DT": dts[dtype]}
         src = ASTSource(fn=getattr(modules[which], sig.name), signature=signature, constexprs=constexprs)

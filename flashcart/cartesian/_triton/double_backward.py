@@ -27,16 +27,22 @@ from .signatures import TP_DBWD_ROW, TP_DBWD_X1_CSR
 from .source import double_backward_module
 from .weight_rows import rows_in_kernel, weight_grad_shape
 
-__all__ = ["tp_dbwd", "fused_outputs", "env_mode", "SPLIT_ROW_PASS", "ROW_GROUPS"]
+__all__ = ["tp_dbwd", "fused_outputs", "env_mode", "x1_by_atomics", "SPLIT_ROW_PASS", "ROW_GROUPS", "X1_ATOMIC"]
 
 _ENV = "FLASHCART_FUSED_DOUBLE_BACKWARD"
-# value -> (fused, SPLIT_ROW_PASS, ROW_GROUPS)
-ENV_MODES = {"1": (True, False, False), "0": (False, False, False), "split": (True, True, False), "grouped": (True, False, True)}
+# value -> (fused, SPLIT_ROW_PASS, ROW_GROUPS, X1_ATOMIC)
+ENV_MODES = {
+    "1": (True, False, False, False),
+    "0": (False, False, False, False),
+    "split": (True, True, False, False),
+    "grouped": (True, False, True, False),
+    "atomic": (True, False, False, True),
+}
 
 
-def env_mode() -> tuple[bool, bool, bool]:
-    """``FLASHCART_FUSED_DOUBLE_BACKWARD``: ``1`` (default) fused, ``0`` composed, ``split`` or
-    ``grouped`` fused with that receiver-pass layout; anything else is an error naming it."""
+def env_mode() -> tuple[bool, bool, bool, bool]:
+    """``FLASHCART_FUSED_DOUBLE_BACKWARD``: ``1`` (default) fused, ``0`` composed, ``split``,
+    ``grouped`` or ``atomic`` fused with that layout; anything else is an error naming it."""
     raw = os.environ.get(_ENV, "").strip() or "1"
     if raw not in ENV_MODES:
         raise ValueError(f"environment variable {_ENV} must be one of {', '.join(ENV_MODES)}, got {raw!r}")
@@ -50,7 +56,18 @@ def env_mode() -> tuple[bool, bool, bool]:
 # program per receiver, channel block and output rank): fewer registers per program (no
 # spills where the merged pass spills), the small edge and node operands read once per rank,
 # each weight column still once. benchmarks/kernels.py compares them on the GPU.
-_, SPLIT_ROW_PASS, ROW_GROUPS = env_mode()
+# X1_ATOMIC: the receiver pass also adds each edge's d x1 term into its sender's row by atomic
+# adds (the weights, their cotangent and the edge operands read once instead of twice; no
+# sender pass). The float sums then depend on the order the adds land in, so with
+# torch.use_deterministic_algorithms(True) the sender pass runs instead.
+_, SPLIT_ROW_PASS, ROW_GROUPS, X1_ATOMIC = env_mode()
+
+
+def x1_by_atomics(conv: bool, need_x1: bool) -> bool:
+    """Whether this launch adds convolution-mode ``d x1`` in the receiver pass (:data:`X1_ATOMIC`,
+    one-pass layout, deterministic algorithms off) instead of running ``tp_dbwd_x1_csr``."""
+    one_pass = not (SPLIT_ROW_PASS or ROW_GROUPS)
+    return X1_ATOMIC and one_pass and conv and need_x1 and not torch.are_deterministic_algorithms_enabled()
 
 
 def fused_outputs(has_gg1: bool, has_gg2: bool, has_ggw: bool, need: tuple[bool, bool, bool, bool]) -> tuple[bool, bool, bool, bool]:
@@ -130,7 +147,13 @@ def tp_dbwd(
     c1, c2 = spec.in1_comps, spec.in2_comps
     # an absent output is an empty tensor of its own (custom-op outputs must not alias each other)
     d_go = go.new_empty(splits * go.shape[0], go.shape[1]) if c_go else x2.new_empty(0)
-    d_x1 = torch.empty(splits * x1.shape[0], c1 * (n_blocks if red1 else F), dtype=dt, device=dev) if c_x1 else x2.new_empty(0)
+    x1_atomic = x1_by_atomics(conv, c_x1)
+    if not c_x1:
+        d_x1 = x2.new_empty(0)
+    elif x1_atomic:  # every edge's term is added into its sender's row
+        d_x1 = torch.zeros(x1.shape[0], c1 * (n_blocks if red1 else F), dtype=dt, device=dev)
+    else:
+        d_x1 = torch.empty(splits * x1.shape[0], c1 * (n_blocks if red1 else F), dtype=dt, device=dev)
     module = double_backward_module(key)
     groups = module.N_ROW_GROUPS if ROW_GROUPS and conv else 1
     d_x2 = torch.empty(x2.shape[0], groups * c2 * (n_blocks if red2 else F), dtype=dt, device=dev) if c_x2 else x2.new_empty(0)
@@ -141,7 +164,7 @@ def tp_dbwd(
     else:
         d_w = torch.empty(splits * programs if shared else x2.shape[0], spec.n_paths * F, dtype=dt, device=dev)
     unused = go  # any tensor: pointer arguments the kernel does not read (flag off)
-    row_x1 = c_x1 and not conv
+    row_x1 = c_x1 and (not conv or x1_atomic)
     if not guard_or_false(programs == 0) and F and (c_go or c_x2 or c_w or row_x1):
         # one pass for all row results, or (SPLIT_ROW_PASS, convolution) d go in a pass of its
         # own: fewer registers per pass, the edge operands read twice
@@ -193,6 +216,7 @@ def tp_dbwd(
                 W_INDEX=widx is not None,
                 W_ROWS=in_rows,
                 ROW_GROUPS=groups > 1,
+                X1_ATOMIC=x1_atomic,
                 PREFETCH=_common.index_prefetch("tp_dbwd_row", block),
                 SPLITS=splits,
                 BLOCK_F=block,
@@ -202,7 +226,7 @@ def tp_dbwd(
         for t, c in ((d_go, c_go), (d_x1, row_x1), (d_x2, c_x2), (d_w, c_w and not in_rows)):
             if c:
                 t.zero_()
-    if c_x1 and conv:
+    if c_x1 and conv and not x1_atomic:
         if not guard_or_false(x1.shape[0] == 0) and F:
             TP_DBWD_X1_CSR.launch(
                 module,
@@ -239,7 +263,7 @@ def tp_dbwd(
         else:
             d_x1.zero_()
     d_go = sum_splits(d_go, splits) if c_go else d_go
-    d_x1 = sum_splits(d_x1, splits) if c_x1 and conv else d_x1
+    d_x1 = sum_splits(d_x1, splits) if c_x1 and conv and not x1_atomic else d_x1
     # broadcast inputs: per-channel-block partial sums -> one channel
     if c_x1 and red1 and n_blocks > 1:
         d_x1 = d_x1.view(x1.shape[0], n_blocks, c1).sum(1)

@@ -234,7 +234,9 @@ TP_BWD_CSR = product_signature(
 # channel sum in the column block of its channel block; SHARED_W: 1-D weights, the weight
 # gradient is summed over each program's edges and stored per program row. ROW_GROUPS
 # (convolution mode): grid axis 2 splits the paths by output rank (N_ROW_GROUPS groups, fewer
-# registers per program); the input-2 result is then a partial sum per group.
+# registers per program); the input-2 result is then a partial sum per group. X1_ATOMIC
+# (convolution mode, with NEED_X1): each edge's d x1 term is added atomically into its sender's
+# row of a zeroed d x1 (no tp_dbwd_x1_csr pass).
 TP_DBWD_ROW = product_signature(
     "tp_dbwd_row",
     args=(
@@ -281,6 +283,7 @@ TP_DBWD_ROW = product_signature(
         "W_INDEX",
         "W_ROWS",
         "ROW_GROUPS",
+        "X1_ATOMIC",
         "PREFETCH",
         "SPLITS",
         "BLOCK_F",
