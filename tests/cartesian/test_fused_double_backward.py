@@ -245,8 +245,9 @@ def test_fused_kernels_compile_for_sm90():
 
 @needs_triton
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter off")
-def test_training_step_parameter_gradients_unchanged(fused):
-    """create_graph forces + force loss: fused == composed == the generated PyTorch backend."""
+def test_training_step_parameter_gradients_unchanged(fused, monkeypatch):
+    """create_graph forces + force loss: fused == composed == the generated PyTorch backend, and
+    the fused double backward with d x1 added by atomics (``X1_ATOMIC``) == the sender pass."""
     from flashcart.model.potential import FlashCartPotential
     from flashcart.model.predictor import Predictor
     from flashcart.testing import TINY_MODEL
@@ -275,11 +276,15 @@ def test_training_step_parameter_gradients_unchanged(fused):
     calls = fused(True)
     got = step()
     assert calls, "the fused double backward did not run in the training step"
+    monkeypatch.setattr(double_backward, "X1_ATOMIC", True)
+    atomic_x1 = step()
+    monkeypatch.setattr(double_backward, "X1_ATOMIC", False)
     fused(False)
     composed = step()
-    for a, b, c in zip(got, composed, reference):
+    for a, b, c, d in zip(got, composed, reference, atomic_x1):
         assert_close(a, c, 1e-11, "fused vs torch parameter gradient")
         assert_close(a, b, 1e-12, "fused vs composed parameter gradient")
+        assert_close(d, a, 1e-12, "d x1 by atomics vs the sender pass: parameter gradient")
 
 
 # ---------------------------------------------------------------------------------------
