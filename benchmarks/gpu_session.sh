@@ -309,6 +309,33 @@ bound_ab() {  # SECONDS "LOG VAR=VALUE ..."...: graph_bound.py (i2c3f20l2r, 4096
   wait
 }
 
+atomic_ab() {  # KERNELS_S BOUND_S TESTS_S MODEL_S [ITEM...]: FLASHCART_FUSED_DOUBLE_BACKWARD=atomic against the default
+  # (parts night, nightshort): kernels.py fused against atomic alone on the GPU; then two graph_bound --training processes
+  # (defaults, atomic) compile while the atomic mode's GPU parity tests and each extra gpu_tests ITEM (an optional
+  # leading VAR=VALUE sets its environment) run side by side; every test group's end is a barrier marker, so the
+  # timed rounds run after the last test
+  local tk=$1 tb=$2 tt=$3 tm=$4 setting i=0; shift 4
+  local n=$(($# + 3))  # barrier markers: two graph_bound processes, the atomic mode's tests, each ITEM
+  timeout "$tk" python3 benchmarks/kernels.py --features 20 64 --out-l-max 3 --backends triton --dbwd fused atomic --row-sums atomic \
+    > "$out/kernels_atomic.log" 2>&1
+  rm -f /tmp/bound.lock.ready.*
+  for setting in "ab_dbwd_default.log FLASHCART_FUSED_DOUBLE_BACKWARD=1" "ab_dbwd_atomic.log FLASHCART_FUSED_DOUBLE_BACKWARD=atomic"; do
+    (export "${setting#* }"; timeout "$tb" python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --rounds 7 --training \
+      --lock /tmp/bound.lock --barrier "$n" > "$out/${setting%% *}" 2>&1) &
+  done
+  (gpu_tests 0 "tests/cartesian/test_fused_double_backward.py::test_fused_double_backward_parity_on_gpu tests/cartesian/test_weight_rows.py::test_weight_rows_equal_gathered_weights:$tt" > "$out/tests_atomic.log" 2>&1
+   FLASHCART_FUSED_DOUBLE_BACKWARD=atomic gpu_tests 0 "tests/model/test_gpu_model.py::test_triton_model_matches_torch_model_with_training_gradients:$tm" >> "$out/tests_atomic.log" 2>&1
+   touch /tmp/bound.lock.ready.t0) &
+  for item in "$@"; do
+    i=$((i + 1))
+    case $item in
+      *=*\ *) (export "${item%% *}"; gpu_tests 0 "${item#* }" > "$out/tests_group$i.log" 2>&1; touch /tmp/bound.lock.ready.t$i) & ;;
+      *) (gpu_tests 0 "$item" > "$out/tests_group$i.log" 2>&1; touch /tmp/bound.lock.ready.t$i) & ;;
+    esac
+  done
+  wait
+}
+
 # parts ab and abtests: the force call's settings of 2026-12-07 (LINEAR_PAIRS=1 became the default after them)
 AB_SETTINGS=("ab_defaults.log" "ab_walk.log FLASHCART_SENDER_WALK_BACKWARD=1" "ab_forms.log FLASHCART_NORM_FORMS=1"
   "ab_table1024.log BOUND_TABLE=1024" "ab_table2048.log BOUND_TABLE=2048"
@@ -1354,41 +1381,16 @@ training)
 nightshort)
   # part night cut to about 7 minutes (the session's device time after failed starts): the double backward's kernels
   # fused against atomic, then graph_bound --training for both beside the atomic mode's GPU parity tests
-  timeout 110 python3 benchmarks/kernels.py --features 20 64 --out-l-max 3 --backends triton --dbwd fused atomic --row-sums atomic \
-    > "$out/kernels_atomic.log" 2>&1
-  rm -f /tmp/bound.lock.ready.*
-  for setting in "ab_dbwd_default.log FLASHCART_FUSED_DOUBLE_BACKWARD=1" "ab_dbwd_atomic.log FLASHCART_FUSED_DOUBLE_BACKWARD=atomic"; do
-    set -- $setting
-    (export "$2"; timeout 290 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --rounds 7 --training \
-      --lock /tmp/bound.lock --barrier 3 > "$out/$1" 2>&1) &
-  done
-  (gpu_tests 0 "tests/cartesian/test_fused_double_backward.py::test_fused_double_backward_parity_on_gpu tests/cartesian/test_weight_rows.py::test_weight_rows_equal_gathered_weights:150" > "$out/tests_atomic.log" 2>&1
-   FLASHCART_FUSED_DOUBLE_BACKWARD=atomic gpu_tests 0 "tests/model/test_gpu_model.py::test_triton_model_matches_torch_model_with_training_gradients:110" >> "$out/tests_atomic.log" 2>&1
-   touch /tmp/bound.lock.ready.t1) &
-  wait
+  atomic_ab 110 290 150 110
   ;;
 night)
-  # 2026-12-07 night, one call for parts atomicab and liststests (about 9 minutes; the session's device time allows one):
-  # first the double backward's kernels, fused against atomic (alone on the GPU); then two graph_bound processes
-  # (defaults, FLASHCART_FUSED_DOUBLE_BACKWARD=atomic; --training) compile while five GPU test groups run side by side,
-  # each group's end a barrier marker, so the timed rounds run alone after the last test
-  timeout 130 python3 benchmarks/kernels.py --features 20 64 --out-l-max 3 --backends triton --dbwd fused atomic --row-sums atomic \
-    > "$out/kernels_atomic.log" 2>&1
-  rm -f /tmp/bound.lock.ready.*
-  for setting in "ab_dbwd_default.log FLASHCART_FUSED_DOUBLE_BACKWARD=1" "ab_dbwd_atomic.log FLASHCART_FUSED_DOUBLE_BACKWARD=atomic"; do
-    set -- $setting
-    (export "$2"; timeout 390 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --rounds 7 --training \
-      --lock /tmp/bound.lock --barrier 7 > "$out/$1" 2>&1) &
-  done
-  (gpu_tests 0 "tests/cartesian/test_fused_double_backward.py::test_fused_double_backward_parity_on_gpu tests/cartesian/test_weight_rows.py::test_weight_rows_equal_gathered_weights:160" > "$out/tests_atomic.log" 2>&1
-   FLASHCART_FUSED_DOUBLE_BACKWARD=atomic gpu_tests 0 "tests/model/test_gpu_model.py::test_triton_model_matches_torch_model_with_training_gradients:120" >> "$out/tests_atomic.log" 2>&1
-   touch /tmp/bound.lock.ready.t1) &
-  (gpu_tests 0 "tests/model/test_gpu_model.py::test_compiled_settings_on_gpu:280" > "$out/tests_settings.log" 2>&1; touch /tmp/bound.lock.ready.t2) &
-  (FLASHCART_STATIC_LIST=1 gpu_tests 0 "tests/integrations/test_gpu.py tests/simulation/test_static_list.py:280" > "$out/tests_lists.log" 2>&1; touch /tmp/bound.lock.ready.t3) &
-  (gpu_tests 0 "tests/export/test_gpu_export.py -k True:280" > "$out/tests_pt2.log" 2>&1; touch /tmp/bound.lock.ready.t4) &
-  (gpu_tests 0 "tests/cartesian/test_triton_parity.py -k linear_parity:120" "tests/model/test_gpu_model.py::test_triton_model_matches_torch_model_with_training_gradients:150" \
-    > "$out/tests_linear.log" 2>&1; touch /tmp/bound.lock.ready.t5) &
-  wait
+  # 2026-12-07 night, one call for parts atomicab and liststests (about 9 minutes): part nightshort with liststests' four
+  # GPU test groups beside the atomic mode's, each group's end a barrier marker
+  atomic_ab 130 390 160 120 \
+    "tests/model/test_gpu_model.py::test_compiled_settings_on_gpu:280" \
+    "FLASHCART_STATIC_LIST=1 tests/integrations/test_gpu.py tests/simulation/test_static_list.py:280" \
+    "tests/export/test_gpu_export.py -k True:280" \
+    "tests/cartesian/test_triton_parity.py -k linear_parity:120"
   ;;
 atomicab)
   # 2026-12-07 night (about 8 minutes): the double backward's d x1 added into the senders' rows by atomics in the

@@ -90,12 +90,10 @@ def bench(fn) -> float:
 
 
 # (ops.FUSED_DOUBLE_BACKWARD, double_backward.SPLIT_ROW_PASS, double_backward.ROW_GROUPS, double_backward.X1_ATOMIC)
+# by the FLASHCART_FUSED_DOUBLE_BACKWARD value each mode stands for
 DBWD_MODES = {
-    "fused": (True, False, False, False),
-    "split": (True, True, False, False),
-    "grouped": (True, False, True, False),
-    "atomic": (True, False, False, True),
-    "composed": (False, False, False, False),
+    name: double_backward.ENV_MODES[value]
+    for name, value in (("fused", "1"), ("split", "split"), ("grouped", "grouped"), ("atomic", "atomic"), ("composed", "0"))
 }
 _DBWD_SWITCHES = ("SPLIT_ROW_PASS", "ROW_GROUPS", "X1_ATOMIC")
 

@@ -409,17 +409,23 @@ def test_compiled_training_step_asks_for_what_the_eager_one_does(fused, monkeypa
         assert_close(b, a, 1e-12, "compiled vs eager parameter gradients")
 
 
+def _op_problem(name, **sizes):
+    """A convolution case's operands for calling ``ops.tp_dbwd`` directly: ``(key, (x1, x2, w),
+    graph tensors, go, (gg1, gg2, ggw))``."""
+    case = CASES[name]
+    tp, graph, (x1, x2, w), rand = _problem(case, **sizes)
+    key = product_key(*case[:3], False, case[6])
+    csr = (*graph, *edge_csr(*graph, x1.shape[0]), None, None)
+    go = rand(*tp(x1, x2, w, *graph).shape)
+    return key, (x1, x2, w), csr, go, (rand(*x1.shape), rand(*x2.shape), rand(*w.shape))
+
+
 @needs_triton
 @pytest.mark.parametrize("name", ["conv-bcast-x2", "conv-bcast-x1-shared", "conv-two-blocks"])
 def test_split_and_grouped_row_passes_give_the_same_results(name, monkeypatch):
     """SPLIT_ROW_PASS (d go in a receiver pass of its own) and ROW_GROUPS (paths split by
     output rank over grid axis 2) only change the launches."""
-    case = CASES[name]
-    tp, graph, (x1, x2, w), rand = _problem(case)
-    key = product_key(*case[:3], False, case[6])
-    csr = (*graph, *edge_csr(*graph, x1.shape[0]), None, None)
-    go = rand(*tp(x1, x2, w, *graph).shape)
-    gg = (rand(*x1.shape), rand(*x2.shape), rand(*w.shape))
+    key, (x1, x2, w), csr, go, gg = _op_problem(name)
     launches = []
 
     class Spy:
@@ -505,12 +511,7 @@ def test_d_x1_by_atomics_equals_the_sender_pass(name, splits, monkeypatch):
     from flashcart.cartesian._triton import common
 
     monkeypatch.setattr(common, "DBWD_SPLITS", splits)
-    case = CASES[name]
-    tp, graph, (x1, x2, w), rand = _problem(case, n_nodes=4, n_edges=9)
-    key = product_key(*case[:3], False, case[6])
-    csr = (*graph, *edge_csr(*graph, x1.shape[0]), None, None)
-    go = rand(*tp(x1, x2, w, *graph).shape)
-    gg = (rand(*x1.shape), rand(*x2.shape), rand(*w.shape))
+    key, (x1, x2, w), csr, go, gg = _op_problem(name, n_nodes=4, n_edges=9)
     launched = []
 
     class Spy:
