@@ -199,12 +199,8 @@
 #   training one GPU: the training step's kernels of both published models under the new defaults, the double
 #            backward's layouts with static shapes
 #   nightshort one GPU: part night without the liststests groups (about 7 minutes)
-#   night    one GPU: parts atomicab and liststests in one call: the kernels fused against atomic, then graph_bound
+#   night    one GPU: FLASHCART_FUSED_DOUBLE_BACKWARD=atomic A/B and part liststests in one call: the kernels fused against atomic, then graph_bound
 #            --training for both beside five GPU test groups (about 9 minutes)
-#   atomicab one GPU: FLASHCART_FUSED_DOUBLE_BACKWARD=atomic against the default: GPU parity, the force call and the
-#            trainer's step (graph_bound --training, a process each), the double backward's kernels (about 8 minutes)
-#   stepratio one GPU: the training step's kernels of both published models, then the force call and the trainer's
-#            step in one process (the training target's ratio; about 9.5 minutes)
 #   ab       one GPU: graph_bound under nine settings compiled side by side (sender walk, norm forms, static lists, combo
 #            kernels, linear pairs, tables of 1024 and 2048 intervals)
 #   walk     one GPU: graph_bound with static lists 0/1 and the first convolution's backward as the sender walk
@@ -1384,45 +1380,13 @@ nightshort)
   atomic_ab 110 290 150 110
   ;;
 night)
-  # 2026-12-07 night, one call for parts atomicab and liststests (about 9 minutes): part nightshort with liststests' four
+  # 2026-12-07 night, one call for the atomic double backward and part liststests (about 9 minutes): part nightshort with liststests' four
   # GPU test groups beside the atomic mode's, each group's end a barrier marker
   atomic_ab 130 390 160 120 \
     "tests/model/test_gpu_model.py::test_compiled_settings_on_gpu:280" \
     "FLASHCART_STATIC_LIST=1 tests/integrations/test_gpu.py tests/simulation/test_static_list.py:280" \
     "tests/export/test_gpu_export.py -k True:280" \
     "tests/cartesian/test_triton_parity.py -k linear_parity:120"
-  ;;
-atomicab)
-  # 2026-12-07 night (about 8 minutes): the double backward's d x1 added into the senders' rows by atomics in the
-  # receiver pass (FLASHCART_FUSED_DOUBLE_BACKWARD=atomic, no sender pass: the weights, their cotangent and the edge
-  # operands read once instead of twice). Two graph_bound processes (defaults, atomic) with the trainer's step
-  # (--training: the step and its ratio to the force call, radial MLPs), compiling while the GPU parity tests run
-  # (float64: the fused double backward with every layout, weight rows with atomics, the model against PyTorch with
-  # training gradients); the third barrier marker is the tests' end, so nothing is timed beside them. Then the kernels.
-  rm -f /tmp/bound.lock.ready.*
-  for setting in "ab_dbwd_default.log FLASHCART_FUSED_DOUBLE_BACKWARD=1" "ab_dbwd_atomic.log FLASHCART_FUSED_DOUBLE_BACKWARD=atomic"; do
-    set -- $setting
-    (export "$2"; timeout 420 python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --rounds 7 --training \
-      --lock /tmp/bound.lock --barrier 3 > "$out/$1" 2>&1) &
-  done
-  (gpu_tests 0 "tests/cartesian/test_fused_double_backward.py::test_fused_double_backward_parity_on_gpu tests/cartesian/test_weight_rows.py::test_weight_rows_equal_gathered_weights:170" > "$out/tests_atomic.log" 2>&1
-   FLASHCART_FUSED_DOUBLE_BACKWARD=atomic gpu_tests 0 "tests/model/test_gpu_model.py::test_triton_model_matches_torch_model_with_training_gradients:130" >> "$out/tests_atomic.log" 2>&1
-   touch /tmp/bound.lock.ready.tests) &
-  wait
-  timeout 140 python3 benchmarks/kernels.py --features 20 64 --out-l-max 3 --backends triton --dbwd fused atomic --row-sums atomic \
-    > "$out/kernels_atomic.log" 2>&1
-  ;;
-stepratio)
-  # the training target re-timed under the 2026-12-07 defaults (static shapes, 4 walk splits at 20 channels, linear-map
-  # pairs): the training step's kernels of both published models (compiled side by side, profiled in turns), then
-  # i2c3f20l2r's reduce-overhead force call and the trainer's step in one process, as part steptrain (about 9.5 minutes)
-  for m in i2c3f20l2r i3c3f64l2; do
-    timeout 280 python3 benchmarks/kernel_profile.py --device cuda --model $m --phases training --compile-mode default --repeat 5 \
-      --rows 25 --lock /tmp/profile.lock > "$out/kernels_training_$m.log" 2>&1 &
-  done
-  wait
-  timeout 260 python3 benchmarks/radial_pairs.py --device cuda --model i2c3f20l2r --structure diamond --calls reduce-overhead \
-    --training --setting pair --rounds 7 --calls-per-round 20 > "$out/calls_training.log" 2>&1
   ;;
 ab)
   # the force call's settings still untimed, side by side (about 4 minutes with one cold compile): the defaults; the
@@ -1521,7 +1485,7 @@ slopesquick)
   table_ab 110 FLASHCART_TABLE_SLOPES=1 FLASHCART_TABLE_SLOPES=0 > "$out/profile_slopes.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (static, static2, walk, walktests, tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, stepratio, atomicab, night, nightshort, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, pathgroups, splitsauto, splitsautotrain, splitsparity, prefetch, prefetch2, geomdump, eagercache, rowwise, eagernext, eagersync, rmsforms, edges or ddp)"; exit 2
+  echo "unknown part $part (static, static2, walk, walktests, tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, night, nightshort, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, pathgroups, splitsauto, splitsautotrain, splitsparity, prefetch, prefetch2, geomdump, eagercache, rowwise, eagernext, eagersync, rmsforms, edges or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done
