@@ -198,6 +198,7 @@
 #   defaults one GPU, next: the model's table, static-list and opt-in settings' GPU tests, the tables' and the linear pairs'
 #   training one GPU: the training step's kernels of both published models under the new defaults, the double
 #            backward's layouts with static shapes
+#   nightkernels one GPU: part nightmin cut to about 2.5 minutes (two parity cases)
 #   nightmin one GPU: part nightshort without graph_bound (the kernels, then the atomic mode's GPU parity; 4.5 minutes)
 #   nightshort one GPU: part night without the liststests groups (about 7 minutes)
 #   night    one GPU: FLASHCART_FUSED_DOUBLE_BACKWARD=atomic A/B and part liststests in one call: the kernels fused against atomic, then graph_bound
@@ -1375,6 +1376,14 @@ training)
   timeout 150 python3 benchmarks/kernels.py --features 20 64 --out-l-max 3 --backends triton --dbwd fused split grouped \
     --row-sums atomic > "$out/kernels_dbwd_layouts.log" 2>&1
   ;;
+nightkernels)
+  # the least device time (about 2.5 minutes): the double backward's kernels fused against atomic, then the atomic
+  # layout's GPU parity at 20 and 64 channels (float64, 1e-10)
+  timeout 100 python3 benchmarks/kernels.py --features 20 64 --out-l-max 3 --backends triton --dbwd fused atomic --row-sums atomic \
+    > "$out/kernels_atomic.log" 2>&1
+  gpu_tests 0 "tests/cartesian/test_fused_double_backward.py::test_fused_double_backward_parity_on_gpu[conv-f20] tests/cartesian/test_fused_double_backward.py::test_fused_double_backward_parity_on_gpu[conv-f64-reduce]:55" \
+    > "$out/tests_atomic.log" 2>&1
+  ;;
 nightmin)
   # part nightshort in about 4.5 minutes (what device time was left): the double backward's kernels fused against atomic
   # alone on the GPU, then the atomic mode's GPU parity (the fused double backward with every layout, weight rows)
@@ -1493,7 +1502,7 @@ slopesquick)
   table_ab 110 FLASHCART_TABLE_SLOPES=1 FLASHCART_TABLE_SLOPES=0 > "$out/profile_slopes.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (static, static2, walk, walktests, tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, night, nightshort, nightmin, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, pathgroups, splitsauto, splitsautotrain, splitsparity, prefetch, prefetch2, geomdump, eagercache, rowwise, eagernext, eagersync, rmsforms, edges or ddp)"; exit 2
+  echo "unknown part $part (static, static2, walk, walktests, tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, night, nightshort, nightmin, nightkernels, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, pathgroups, splitsauto, splitsautotrain, splitsparity, prefetch, prefetch2, geomdump, eagercache, rowwise, eagernext, eagersync, rmsforms, edges or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done
