@@ -1,6 +1,7 @@
-"""``benchmarks/graph_bound.py --barrier N``: a process that has compiled marks itself
+"""``benchmarks/graph_bound.py``: with ``--barrier N`` a process that has compiled marks itself
 (``LOCK.ready.PID``) and waits until N processes have, so that no setting of an A/B times its
-calls beside another process's first call."""
+calls beside another process's first call; ``--training`` times the trainer's step in each round
+with the parameters thawed for it."""
 
 import subprocess
 import sys
@@ -67,3 +68,44 @@ def test_a_barrier_without_a_lock_or_below_zero_is_refused(options):
     )
     assert run.returncode == 2, run.stderr[-2000:]
     assert f"--barrier {options[1]}: a count of processes (0 or 1: none), and it needs --lock FILE" in run.stderr
+
+
+def test_training_with_radial_tables_is_refused():
+    """``--training`` times the trainer's step, which needs the radial MLPs: with ``--radial-table``
+    the script exits with argparse's status 2 naming both options, before building anything."""
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "graph_bound.py"), "--device", "cuda", "--training", "--radial-table", "4096"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert "--training with --radial-table 4096" in run.stderr
+
+
+def test_a_training_round_thaws_the_parameters_and_freezes_them_again(monkeypatch):
+    """``_time_step`` runs the step with the parameters requiring grad (inside the force calls'
+    frozen block), records a pipelined and a GPU-alone time, and leaves them frozen again, also
+    when the step raises."""
+    import torch
+
+    params = [torch.nn.Parameter(torch.zeros(2), requires_grad=False) for _ in range(2)]
+    seen = []
+
+    def step():
+        seen.append(all(p.requires_grad for p in params))
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(graph_bound, "host_and_gpu_time", lambda fn, n, device: (0.001, 0.0025))
+    out = {"pipelined": [], "gpu": []}
+    graph_bound._time_step(step, 3, None, out, params)
+    assert seen == [True] * 4 and len(out["pipelined"]) == 1 and out["gpu"] == [2.5]
+    assert not any(p.requires_grad for p in params)
+
+    def failing():
+        raise RuntimeError("step failed")
+
+    with pytest.raises(RuntimeError, match="step failed"):
+        graph_bound._time_step(failing, 3, None, out, params)
+    assert not any(p.requires_grad for p in params)
