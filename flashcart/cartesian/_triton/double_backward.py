@@ -3,7 +3,7 @@
 Given the backward ``(g1, g2, gw) = tp_bwd(go, x1, x2, w)`` and cotangents ``gg1, gg2, ggw``
 of its outputs (any of them absent), ``tp_dbwd`` returns the derivatives of
 ``<gg1, g1> + <gg2, g2> + <ggw, gw>`` with respect to ``go, x1, x2, w`` in two launches
-(one in dense mode) of the generated kernels of ``codegen_double``, instead of up to ten
+(one in dense mode, or with :data:`X1_ATOMIC`) of the generated kernels of ``codegen_double``, instead of up to ten
 ``tp_fwd``/``tp_bwd`` launches with substituted operands.
 
 The op itself has no derivative: ``ops._tp_bwd_backward`` calls it only when the double
