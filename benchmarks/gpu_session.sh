@@ -307,6 +307,12 @@ bound_ab() {  # SECONDS "LOG VAR=VALUE ..."...: graph_bound.py (i2c3f20l2r, 4096
   wait
 }
 
+kernels_atomic() {  # SECONDS: the double backward's kernels, fused against atomic, at 20 and 64 channels (kernels.py),
+  # output in $out/kernels_atomic.log
+  timeout "$1" python3 benchmarks/kernels.py --features 20 64 --out-l-max 3 --backends triton --dbwd fused atomic --row-sums atomic \
+    > "$out/kernels_atomic.log" 2>&1
+}
+
 atomic_ab() {  # KERNELS_S BOUND_S TESTS_S MODEL_S [ITEM...]: FLASHCART_FUSED_DOUBLE_BACKWARD=atomic against the default
   # (parts night, nightshort): kernels.py fused against atomic alone on the GPU; then two graph_bound --training processes
   # (defaults, atomic) compile while the atomic mode's GPU parity tests and each extra gpu_tests ITEM (an optional
@@ -314,8 +320,7 @@ atomic_ab() {  # KERNELS_S BOUND_S TESTS_S MODEL_S [ITEM...]: FLASHCART_FUSED_DO
   # timed rounds run after the last test
   local tk=$1 tb=$2 tt=$3 tm=$4 setting i=0; shift 4
   local n=$(($# + 3))  # barrier markers: two graph_bound processes, the atomic mode's tests, each ITEM
-  timeout "$tk" python3 benchmarks/kernels.py --features 20 64 --out-l-max 3 --backends triton --dbwd fused atomic --row-sums atomic \
-    > "$out/kernels_atomic.log" 2>&1
+  kernels_atomic "$tk"
   rm -f /tmp/bound.lock.ready.*
   for setting in "ab_dbwd_default.log FLASHCART_FUSED_DOUBLE_BACKWARD=1" "ab_dbwd_atomic.log FLASHCART_FUSED_DOUBLE_BACKWARD=atomic"; do
     (export "${setting#* }"; timeout "$tb" python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --rounds 7 --training \
@@ -1379,16 +1384,14 @@ training)
 nightkernels)
   # the least device time (about 2.5 minutes): the double backward's kernels fused against atomic, then the atomic
   # layout's GPU parity at 20 and 64 channels (float64, 1e-10)
-  timeout 100 python3 benchmarks/kernels.py --features 20 64 --out-l-max 3 --backends triton --dbwd fused atomic --row-sums atomic \
-    > "$out/kernels_atomic.log" 2>&1
+  kernels_atomic 100
   gpu_tests 0 "tests/cartesian/test_fused_double_backward.py::test_fused_double_backward_parity_on_gpu[conv-f20] tests/cartesian/test_fused_double_backward.py::test_fused_double_backward_parity_on_gpu[conv-f64-reduce]:55" \
     > "$out/tests_atomic.log" 2>&1
   ;;
 nightmin)
   # part nightshort in about 4.5 minutes (what device time was left): the double backward's kernels fused against atomic
   # alone on the GPU, then the atomic mode's GPU parity (the fused double backward with every layout, weight rows)
-  timeout 100 python3 benchmarks/kernels.py --features 20 64 --out-l-max 3 --backends triton --dbwd fused atomic --row-sums atomic \
-    > "$out/kernels_atomic.log" 2>&1
+  kernels_atomic 100
   gpu_tests 0 "tests/cartesian/test_fused_double_backward.py::test_fused_double_backward_parity_on_gpu tests/cartesian/test_weight_rows.py::test_weight_rows_equal_gathered_weights:150" > "$out/tests_atomic.log" 2>&1
   ;;
 nightshort)

@@ -103,20 +103,18 @@ def _store_input_grad(indent: str, ptr: str, prefix: str, ranks, l_max: int, red
     values = [(l * l + i, f"{prefix}{l}_{i}" if l in ranks else "tl.zeros([BLOCK_F], dtype=DT)") for l, i in _comps(range(l_max + 1))]
     if atomic:
         values = [(k, v) for k, v in values if not v.startswith("tl.zeros")]
+
+    def write(address: str, value: str, mask: str = "") -> str:
+        return f'tl.atomic_add({address}, {value}{mask}, sem="relaxed")' if atomic else f"tl.store({address}, {value}{mask})"
+
     col = f"({group} * tl.num_programs(1) + pf) * {n}" if group else f"pf * {n}"
     L = [f"{indent}if {red}:"]
     # with unmasked loads (codegen._channels_clamped) the lanes past F hold the last channel again
     summed = [(k, f"tl.where(fm, {v}, 0.0)" if codegen._CLAMP and not v.startswith("tl.zeros") else v) for k, v in values]
-    if atomic:
-        L += [f'{indent}{_I}tl.atomic_add({ptr} + {col} + {k}, tl.sum({v}, axis=0), sem="relaxed")' for k, v in summed]
-    else:
-        L += [f"{indent}{_I}tl.store({ptr} + {col} + {k}, tl.sum({v}, axis=0))" for k, v in summed]
+    L += [f"{indent}{_I}" + write(f"{ptr} + {col} + {k}", f"tl.sum({v}, axis=0)") for k, v in summed]
     L += [f"{indent}else:"]
     base = f"{group * n} * F + " if group else ""
-    if atomic:
-        L += [f'{indent}{_I}tl.atomic_add({ptr} + {base}{k} * F + f, {v}, mask=fm, sem="relaxed")' for k, v in values]
-    else:
-        L += [f"{indent}{_I}tl.store({ptr} + {base}{k} * F + f, {v}, mask=fm)" for k, v in values]
+    L += [f"{indent}{_I}" + write(f"{ptr} + {base}{k} * F + f", v, ", mask=fm") for k, v in values]
     return L
 
 

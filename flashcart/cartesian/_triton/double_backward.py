@@ -148,12 +148,10 @@ def tp_dbwd(
     # an absent output is an empty tensor of its own (custom-op outputs must not alias each other)
     d_go = go.new_empty(splits * go.shape[0], go.shape[1]) if c_go else x2.new_empty(0)
     x1_atomic = x1_by_atomics(conv, c_x1)
-    if not c_x1:
-        d_x1 = x2.new_empty(0)
-    elif x1_atomic:  # every edge's term is added into its sender's row
-        d_x1 = torch.zeros(x1.shape[0], c1 * (n_blocks if red1 else F), dtype=dt, device=dev)
-    else:
-        d_x1 = torch.empty(splits * x1.shape[0], c1 * (n_blocks if red1 else F), dtype=dt, device=dev)
+    # with atomics every edge's term is added into its sender's row of one zeroed block; else
+    # the sender pass writes a partial sum per walk split
+    x1_alloc, x1_rows = (torch.zeros, x1.shape[0]) if x1_atomic else (torch.empty, splits * x1.shape[0])
+    d_x1 = x1_alloc(x1_rows, c1 * (n_blocks if red1 else F), dtype=dt, device=dev) if c_x1 else x2.new_empty(0)
     module = double_backward_module(key)
     groups = module.N_ROW_GROUPS if ROW_GROUPS and conv else 1
     d_x2 = torch.empty(x2.shape[0], groups * c2 * (n_blocks if red2 else F), dtype=dt, device=dev) if c_x2 else x2.new_empty(0)
