@@ -201,8 +201,8 @@
 #   nightkernels one GPU: part nightmin cut to about 2.5 minutes (two parity cases)
 #   nightmin one GPU: part nightshort without graph_bound (the kernels, then the atomic mode's GPU parity; 4.5 minutes)
 #   nightshort one GPU: part night without the liststests groups (about 7 minutes)
-#   night    one GPU: FLASHCART_FUSED_DOUBLE_BACKWARD=atomic A/B and part liststests in one call: the kernels fused against atomic, then graph_bound
-#            --training for both beside five GPU test groups (about 9 minutes)
+#   night    one GPU: FLASHCART_FUSED_DOUBLE_BACKWARD=atomic and grouped-atomic A/B and part liststests in one call: the kernels
+#            fused against both, then graph_bound --training for all three beside five GPU test groups (about 9 minutes)
 #   ab       one GPU: graph_bound under nine settings compiled side by side (sender walk, norm forms, static lists, combo
 #            kernels, linear pairs, tables of 1024 and 2048 intervals)
 #   walk     one GPU: graph_bound with static lists 0/1 and the first convolution's backward as the sender walk
@@ -307,27 +307,29 @@ bound_ab() {  # SECONDS "LOG VAR=VALUE ..."...: graph_bound.py (i2c3f20l2r, 4096
   wait
 }
 
-kernels_atomic() {  # SECONDS: the double backward's kernels, fused against atomic, at 20 and 64 channels (kernels.py),
-  # output in $out/kernels_atomic.log
-  timeout "$1" python3 benchmarks/kernels.py --features 20 64 --out-l-max 3 --backends triton --dbwd fused atomic --row-sums atomic \
+kernels_atomic() {  # SECONDS: the double backward's kernels, fused against atomic and grouped-atomic, at 20 and 64 channels
+  # (kernels.py), output in $out/kernels_atomic.log
+  timeout "$1" python3 benchmarks/kernels.py --features 20 64 --out-l-max 3 --backends triton --dbwd fused atomic grouped-atomic --row-sums atomic \
     > "$out/kernels_atomic.log" 2>&1
 }
 
-atomic_ab() {  # KERNELS_S BOUND_S TESTS_S MODEL_S [ITEM...]: FLASHCART_FUSED_DOUBLE_BACKWARD=atomic against the default
-  # (parts night, nightshort): kernels.py fused against atomic alone on the GPU; then two graph_bound --training processes
-  # (defaults, atomic) compile while the atomic mode's GPU parity tests and each extra gpu_tests ITEM (an optional
+atomic_ab() {  # KERNELS_S BOUND_S TESTS_S MODEL_S [ITEM...]: FLASHCART_FUSED_DOUBLE_BACKWARD=atomic and grouped-atomic against
+  # the default (parts night, nightshort): kernels.py fused against both alone on the GPU; then three graph_bound --training
+  # processes (defaults, atomic, grouped-atomic) compile while the atomic modes' GPU parity tests and each extra gpu_tests ITEM (an optional
   # leading VAR=VALUE sets its environment) run side by side; every test group's end is a barrier marker, so the
   # timed rounds run after the last test
   local tk=$1 tb=$2 tt=$3 tm=$4 setting i=0; shift 4
-  local n=$(($# + 3))  # barrier markers: two graph_bound processes, the atomic mode's tests, each ITEM
+  local n=$(($# + 4))  # barrier markers: three graph_bound processes, the atomic modes' tests, each ITEM
   kernels_atomic "$tk"
   rm -f /tmp/bound.lock.ready.*
-  for setting in "ab_dbwd_default.log FLASHCART_FUSED_DOUBLE_BACKWARD=1" "ab_dbwd_atomic.log FLASHCART_FUSED_DOUBLE_BACKWARD=atomic"; do
+  for setting in "ab_dbwd_default.log FLASHCART_FUSED_DOUBLE_BACKWARD=1" "ab_dbwd_atomic.log FLASHCART_FUSED_DOUBLE_BACKWARD=atomic" \
+    "ab_dbwd_grouped_atomic.log FLASHCART_FUSED_DOUBLE_BACKWARD=grouped-atomic"; do
     (export "${setting#* }"; timeout "$tb" python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --rounds 7 --training \
       --lock /tmp/bound.lock --barrier "$n" > "$out/${setting%% *}" 2>&1) &
   done
   (gpu_tests 0 "tests/cartesian/test_fused_double_backward.py::test_fused_double_backward_parity_on_gpu tests/cartesian/test_weight_rows.py::test_weight_rows_equal_gathered_weights:$tt" > "$out/tests_atomic.log" 2>&1
    FLASHCART_FUSED_DOUBLE_BACKWARD=atomic gpu_tests 0 "tests/model/test_gpu_model.py::test_triton_model_matches_torch_model_with_training_gradients:$tm" >> "$out/tests_atomic.log" 2>&1
+   FLASHCART_FUSED_DOUBLE_BACKWARD=grouped-atomic gpu_tests 0 "tests/model/test_gpu_model.py::test_triton_model_matches_torch_model_with_training_gradients:$tm" >> "$out/tests_atomic.log" 2>&1
    touch /tmp/bound.lock.ready.t0) &
   for item in "$@"; do
     i=$((i + 1))
@@ -1397,15 +1399,15 @@ nightmin)
 nightshort)
   # part night cut to about 7 minutes (the session's device time after failed starts): the double backward's kernels
   # fused against atomic, then graph_bound --training for both beside the atomic mode's GPU parity tests
-  atomic_ab 110 290 150 110
+  atomic_ab 130 290 130 70
   ;;
 night)
   # 2026-12-07 night, one call for the atomic double backward and part liststests (about 9 minutes): part nightshort with liststests' four
   # GPU test groups beside the atomic mode's, each group's end a barrier marker
-  atomic_ab 130 390 160 120 \
-    "tests/model/test_gpu_model.py::test_compiled_settings_on_gpu:280" \
-    "FLASHCART_STATIC_LIST=1 tests/integrations/test_gpu.py tests/simulation/test_static_list.py:280" \
-    "tests/export/test_gpu_export.py -k True:280" \
+  atomic_ab 150 380 140 70 \
+    "tests/model/test_gpu_model.py::test_compiled_settings_on_gpu:250" \
+    "FLASHCART_STATIC_LIST=1 tests/integrations/test_gpu.py tests/simulation/test_static_list.py:250" \
+    "tests/export/test_gpu_export.py -k True:250" \
     "tests/cartesian/test_triton_parity.py -k linear_parity:120"
   ;;
 ab)

@@ -159,6 +159,21 @@ def _variants(dbwd_only: bool):
         (
             "dbwd",
             TP_DBWD_ROW,
+            "tp_dbwd_row training + atomic d_x1, rows, groups",
+            dict(
+                CONV=True,
+                NEED_X1=True,
+                X1_ATOMIC=True,
+                RED_X1=False,
+                W_INDEX=True,
+                W_ROWS=True,
+                SPLITS=4,
+                **{**training, "ROW_GROUPS": True},
+            ),
+        ),
+        (
+            "dbwd",
+            TP_DBWD_ROW,
             "tp_dbwd_row conv all + atomic d_x1, 4 splits",
             dict(CONV=True, NEED_X1=True, X1_ATOMIC=True, RED_X1=False, SPLITS=4, **every),
         ),

@@ -37,12 +37,14 @@ ENV_MODES = {
     "split": (True, True, False, False),
     "grouped": (True, False, True, False),
     "atomic": (True, False, False, True),
+    "grouped-atomic": (True, False, True, True),
 }
 
 
 def env_mode() -> tuple[bool, bool, bool, bool]:
     """``FLASHCART_FUSED_DOUBLE_BACKWARD``: ``1`` (default) fused, ``0`` composed, ``split``,
-    ``grouped`` or ``atomic`` fused with that layout; anything else is an error naming it."""
+    ``grouped``, ``atomic`` or ``grouped-atomic`` fused with that layout; anything else is an
+    error naming it."""
     raw = os.environ.get(_ENV, "").strip() or "1"
     if raw not in ENV_MODES:
         raise ValueError(f"environment variable {_ENV} must be one of {', '.join(ENV_MODES)}, got {raw!r}")
@@ -59,15 +61,17 @@ def env_mode() -> tuple[bool, bool, bool, bool]:
 # X1_ATOMIC: the receiver pass also adds each edge's d x1 term into its sender's row by atomic
 # adds (the weights, their cotangent and the edge operands read once instead of twice; no
 # sender pass). The float sums then depend on the order the adds land in, so with
-# torch.use_deterministic_algorithms(True) the sender pass runs instead.
+# torch.use_deterministic_algorithms(True) the sender pass runs instead. With ROW_GROUPS too,
+# each path group adds its paths' part of d x1 (no spills where the one-pass kernel spills; the
+# atomics and the small edge operands once per group).
 _, SPLIT_ROW_PASS, ROW_GROUPS, X1_ATOMIC = env_mode()
 
 
 def x1_by_atomics(conv: bool, need_x1: bool) -> bool:
     """Whether this launch adds convolution-mode ``d x1`` in the receiver pass (:data:`X1_ATOMIC`,
-    one-pass layout, deterministic algorithms off) instead of running ``tp_dbwd_x1_csr``."""
-    one_pass = not (SPLIT_ROW_PASS or ROW_GROUPS)
-    return X1_ATOMIC and one_pass and conv and need_x1 and not torch.are_deterministic_algorithms_enabled()
+    one receiver pass or one per path group, deterministic algorithms off) instead of running
+    ``tp_dbwd_x1_csr``."""
+    return X1_ATOMIC and not SPLIT_ROW_PASS and conv and need_x1 and not torch.are_deterministic_algorithms_enabled()
 
 
 def fused_outputs(has_gg1: bool, has_gg2: bool, has_ggw: bool, need: tuple[bool, bool, bool, bool]) -> tuple[bool, bool, bool, bool]:
