@@ -9,13 +9,12 @@ warm-up, float32, TF32 off), with the bytes each must move at least and the achi
 fraction of the measured copy bandwidth.
 
 The Triton double backward is timed in each ``--dbwd`` mode: ``fused`` (the generated fused
-kernels, two launches, the default), ``split`` (fused, with the output cotangent's result
-in a receiver pass of its own: three launches, fewer registers), ``grouped`` (fused, the
-receiver pass split by output rank over a grid axis: two launches, no register spills),
-``atomic`` (fused, one receiver pass that also adds d x1 into the senders' rows by atomics:
-one launch, the edge operands read once), ``grouped-atomic`` (both: one launch, a program per
-output rank adding its part of d x1, no register spills) and ``composed`` (tp_fwd/tp_bwd launches with substituted operands,
-``FLASHCART_FUSED_DOUBLE_BACKWARD=0``). The Triton backward is also timed the other way of
+kernels, the default: one receiver pass that also adds d x1 into the senders' rows by
+atomics, the edge operands read once), ``sender`` (fused, d x1 in a pass per sender without
+atomics: two launches), ``split`` (as ``sender``, with the output cotangent's result in a
+receiver pass of its own: three launches, fewer registers), ``grouped`` (as ``sender``, the
+receiver pass split by output rank over a grid axis: two launches, no register spills) and
+``composed`` (tp_fwd/tp_bwd launches with substituted operands, ``FLASHCART_FUSED_DOUBLE_BACKWARD=0``). The Triton backward is also timed the other way of
 ``FLASHCART_FUSED_CSR_BACKWARD`` (one pass per sender, ``tp_bwd_csr``, against the two kernels).
 ``--splits 1 2 4`` times the Triton kernels with each node's edges walked by that many programs
 in every walk (``FLASHCART_TP_SPLITS`` and ``FLASHCART_DBWD_SPLITS``; default: the environment's
@@ -28,7 +27,7 @@ rows, one per pair of reverse edges, read by both edges through ``WeightRows``, 
 them) and times each way of summing the weights' gradient into rows in turn
 (``FLASHCART_WEIGHT_ROW_SUM``, see ``flashcart.cartesian._triton.weight_rows``).
 
-    python benchmarks/kernels.py --features 20 64 128 [--dbwd fused atomic grouped-atomic composed] [--splits 1 4]
+    python benchmarks/kernels.py --features 20 64 128 [--dbwd fused sender split grouped composed] [--splits 1 4] [--json out.json]
     python benchmarks/kernels.py --features 20 --out-l-max 3 --backends triton --dbwd fused --row-sums atomic pass
 
 ``--host-overhead`` measures instead, on the CPU, what the Python side of each call costs:
@@ -94,14 +93,7 @@ def bench(fn) -> float:
 # by the FLASHCART_FUSED_DOUBLE_BACKWARD value each mode stands for
 DBWD_MODES = {
     name: double_backward.ENV_MODES[value]
-    for name, value in (
-        ("fused", "1"),
-        ("split", "split"),
-        ("grouped", "grouped"),
-        ("atomic", "atomic"),
-        ("grouped-atomic", "grouped-atomic"),
-        ("composed", "0"),
-    )
+    for name, value in (("fused", "1"), ("sender", "sender"), ("split", "split"), ("grouped", "grouped"), ("composed", "0"))
 }
 _DBWD_SWITCHES = ("SPLIT_ROW_PASS", "ROW_GROUPS", "X1_ATOMIC")
 

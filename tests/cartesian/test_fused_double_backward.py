@@ -194,19 +194,16 @@ def test_a_recorded_double_backward_is_composed_and_third_derivatives_agree(fuse
 def test_switch_reads_its_modes_and_names_a_bad_value(monkeypatch):
     for raw, mode in [
         ("0", (False, False, False, False)),
-        ("", (True, False, False, False)),
-        ("1", (True, False, False, False)),
+        ("", (True, False, False, True)),
+        ("1", (True, False, False, True)),
+        ("sender", (True, False, False, False)),
         ("split", (True, True, False, False)),
         ("grouped", (True, False, True, False)),
-        ("atomic", (True, False, False, True)),
-        ("grouped-atomic", (True, False, True, True)),
     ]:
         monkeypatch.setenv("FLASHCART_FUSED_DOUBLE_BACKWARD", raw)
         assert double_backward.env_mode() == mode
     monkeypatch.setenv("FLASHCART_FUSED_DOUBLE_BACKWARD", "yes")
-    with pytest.raises(
-        ValueError, match="FLASHCART_FUSED_DOUBLE_BACKWARD must be one of 1, 0, split, grouped, atomic, grouped-atomic, got 'yes'"
-    ):
+    with pytest.raises(ValueError, match="FLASHCART_FUSED_DOUBLE_BACKWARD must be one of 1, 0, sender, split, grouped, got 'yes'"):
         double_backward.env_mode()
 
 
@@ -238,7 +235,7 @@ def test_fused_kernels_compile_for_sm90():
     from .test_triton_parity import run_compile_check
 
     lines = run_compile_check("--key", "1,2,1,0,0", "--dtype", "fp64", "--block-f", "32", "--dbwd-only")
-    assert len(lines) == 15 and all("REG:" in line for line in lines), lines
+    assert len(lines) == 14 and all("REG:" in line for line in lines), lines
 
 
 # ---------------------------------------------------------------------------------------
@@ -250,7 +247,8 @@ def test_fused_kernels_compile_for_sm90():
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="interpreter off")
 def test_training_step_parameter_gradients_unchanged(fused, monkeypatch):
     """create_graph forces + force loss: fused == composed == the generated PyTorch backend, and
-    the fused double backward with d x1 added by atomics (``X1_ATOMIC``) == the sender pass."""
+    the fused double backward with d x1 added by atomics (``X1_ATOMIC``, default) == the sender
+    pass."""
     from flashcart.model.potential import FlashCartPotential
     from flashcart.model.predictor import Predictor
     from flashcart.testing import TINY_MODEL
@@ -279,19 +277,14 @@ def test_training_step_parameter_gradients_unchanged(fused, monkeypatch):
     calls = fused(True)
     got = step()
     assert calls, "the fused double backward did not run in the training step"
-    monkeypatch.setattr(double_backward, "X1_ATOMIC", True)
-    atomic_x1 = step()
-    monkeypatch.setattr(double_backward, "ROW_GROUPS", True)
-    grouped_atomic_x1 = step()
-    monkeypatch.setattr(double_backward, "ROW_GROUPS", False)
-    monkeypatch.setattr(double_backward, "X1_ATOMIC", False)
+    monkeypatch.setattr(double_backward, "X1_ATOMIC", not double_backward.X1_ATOMIC)
+    other = step()  # d x1 by the sender pass under the default, by atomics under =sender
     fused(False)
     composed = step()
-    for a, b, c, d, e in zip(got, composed, reference, atomic_x1, grouped_atomic_x1):
+    for a, b, c, d in zip(got, composed, reference, other):
         assert_close(a, c, 1e-11, "fused vs torch parameter gradient")
         assert_close(a, b, 1e-12, "fused vs composed parameter gradient")
         assert_close(d, a, 1e-12, "d x1 by atomics vs the sender pass: parameter gradient")
-        assert_close(e, a, 1e-12, "d x1 by atomics per path group vs the sender pass: parameter gradient")
 
 
 # ---------------------------------------------------------------------------------------
@@ -335,10 +328,10 @@ def test_fused_double_backward_parity_on_gpu(name, fused):
     # the other receiver-pass layouts (compiled for the device here, not only interpreted)
     fused(True)
     expected = _second_order(ref, graph, _leaves([go, *xs]), cots, (True, True, True))
-    for layout in ("SPLIT_ROW_PASS", "ROW_GROUPS", "X1_ATOMIC", "ROW_GROUPS X1_ATOMIC"):
+    # (the sender pass for d x1 is the other way of X1_ATOMIC, and the way of the other two)
+    for layout, value in (("SPLIT_ROW_PASS", True), ("ROW_GROUPS", True), ("X1_ATOMIC", not double_backward.X1_ATOMIC)):
         with pytest.MonkeyPatch.context() as mp:
-            for switch in layout.split():
-                mp.setattr(double_backward, switch, True)
+            mp.setattr(double_backward, layout, value)
             got = _second_order(tp, graph, _leaves([go, *xs]), cots, (True, True, True))
         for what, a, c in zip(("d go", "d x1", "d x2", "d w"), got, expected):
             assert_close(a, c, 1e-10, f"{name} {layout} {what} vs torch")
@@ -510,17 +503,15 @@ def test_compiled_force_training_uses_the_fused_custom_op(fused):
 
 @needs_triton
 @pytest.mark.parametrize("name", ["conv-bcast-x2", "conv-bcast-x1-shared", "conv-two-blocks"])
-@pytest.mark.parametrize("splits, groups", [(1, False), (3, False), (1, True), (3, True)])
-def test_d_x1_by_atomics_equals_the_sender_pass(name, splits, groups, monkeypatch):
-    """``X1_ATOMIC`` (``FLASHCART_FUSED_DOUBLE_BACKWARD=atomic``, and ``grouped-atomic`` with
-    ``ROW_GROUPS``): the receiver pass (or each path group's) adds each edge's d x1 term into
-    its sender's row and ``tp_dbwd_x1_csr`` is not launched; the results equal the sender
-    pass's for every cotangent pattern that has a d x1 term, with split walks and broadcast
-    inputs. With deterministic algorithms on, the sender pass runs instead."""
+@pytest.mark.parametrize("splits", [1, 3])
+def test_d_x1_by_atomics_equals_the_sender_pass(name, splits, monkeypatch):
+    """``X1_ATOMIC`` (the default; ``FLASHCART_FUSED_DOUBLE_BACKWARD=sender`` turns it off): the receiver pass adds each
+    edge's d x1 term into its sender's row and ``tp_dbwd_x1_csr`` is not launched; the results
+    equal the sender pass's for every cotangent pattern that has a d x1 term, with split walks
+    and broadcast inputs. With deterministic algorithms on, the sender pass runs instead."""
     from flashcart.cartesian._triton import common
 
     monkeypatch.setattr(common, "DBWD_SPLITS", splits)
-    monkeypatch.setattr(double_backward, "ROW_GROUPS", groups)
     key, (x1, x2, w), csr, go, gg = _op_problem(name, n_nodes=4, n_edges=9)
     launched = []
 
@@ -530,10 +521,7 @@ def test_d_x1_by_atomics_equals_the_sender_pass(name, splits, groups, monkeypatc
 
         def launch(self, module, grid, **kw):
             launched.append((self.sig.name, kw.get("X1_ATOMIC"), kw.get("NEED_X1")))
-            grouped.append(kw.get("ROW_GROUPS"))
             return self.sig.launch(module, grid, **kw)
-
-    grouped = []
 
     monkeypatch.setattr(double_backward, "TP_DBWD_ROW", Spy(signatures.TP_DBWD_ROW))
     monkeypatch.setattr(double_backward, "TP_DBWD_X1_CSR", Spy(signatures.TP_DBWD_X1_CSR))
@@ -546,10 +534,8 @@ def test_d_x1_by_atomics_equals_the_sender_pass(name, splits, groups, monkeypatc
             assert ("tp_dbwd_x1_csr", None, None) in launched
             monkeypatch.setattr(double_backward, "X1_ATOMIC", True)
             launched.clear()
-            grouped.clear()
             one_pass = ops.tp_dbwd(go, x1, x2, w, *ggs, *csr, key, *need)
             assert [n for n, *_ in launched] == ["tp_dbwd_row"]
-            assert grouped == [groups]
             assert launched[0][1:] == (True, True)
             assert one_pass[1].abs().max() > 0
             for what, a, b in zip(("d go", "d x1", "d x2", "d w"), one_pass, two_pass):

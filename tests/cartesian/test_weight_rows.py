@@ -53,8 +53,7 @@ def _problem(device, F=3):
         "triton",
         "triton, two-kernel backward",
         "triton, composed double backward",
-        "triton, d x1 by atomics",
-        "triton, d x1 by atomics per path group",
+        "triton, d x1 by the sender pass",
         "triton, row sums in a pass",
         "triton, row sums in a pass, two-kernel backward",
         "triton, row sums in a pass, composed double backward",
@@ -75,8 +74,7 @@ def test_weight_rows_equal_gathered_weights(variant, device, monkeypatch):
     monkeypatch.setattr(ops, "FUSED_CSR_BACKWARD", not variant.endswith("two-kernel backward"))
     monkeypatch.setattr(ops, "FUSED_DOUBLE_BACKWARD", not variant.endswith("composed double backward"))
     monkeypatch.setattr(row_sums, "IN_KERNEL", "row sums in a pass" not in variant)
-    monkeypatch.setattr(double_backward, "X1_ATOMIC", "d x1 by atomics" in variant)
-    monkeypatch.setattr(double_backward, "ROW_GROUPS", variant.endswith("per path group"))
+    monkeypatch.setattr(double_backward, "X1_ATOMIC", not variant.endswith("d x1 by the sender pass"))
     ref, receivers, senders, rows, inputs = _problem(device)
     tp = TensorProduct(2, 3, 3, 3, 1, backend="torch" if variant == "torch" else "triton")
 

@@ -217,12 +217,7 @@ def _d_x1_terms(indent: str, sel) -> list[str]:
 
 
 def _row_body(indent: str, sel, offsets, in1_l_max: int, in2_l_max: int, group: int, dense_x1: bool) -> list[str]:
-    """The receiver/row pass over the selected paths ``sel`` (``[(path index, path)]``).
-
-    ``dense_x1``: the one-pass body, which stores each row's ``d x1`` (dense mode) or adds it
-    into the sender's row (convolution mode with ``X1_ATOMIC``); a path group's body (``False``)
-    adds its paths' part of ``d x1`` into the sender's row with ``X1_ATOMIC`` (partial sums over
-    the groups, zeroed row)."""
+    """The receiver/row pass over the selected paths ``sel`` (``[(path index, path)]``)."""
     I, II, III = indent, indent + _I, indent + _I * 2
     paths = [p for _, p in sel]
     blocks = _blocks(sel, offsets)
@@ -270,20 +265,19 @@ def _row_body(indent: str, sel, offsets, in1_l_max: int, in2_l_max: int, group: 
     L += _d_x2(III, sel, in2_l_max, group)
     L.append(f"{II}if NEED_W:")
     L += _d_w(III, sel)
-    # dense mode stores each row's d x1; convolution mode adds each edge's term into its
-    # sender's row with X1_ATOMIC (else tp_dbwd_x1_csr walks the senders)
-    ranks1 = _ranks(paths, "l1")
-    L.append(f"{II}if NEED_X1:" if dense_x1 else f"{II}if NEED_X1 and X1_ATOMIC:")
-    L += _zeros(III, "g", ranks1)
-    L += _d_x1_terms(III, sel)
-    L.append(f"{III}pdx1 = dx1_ptr + src * dx1_row")
     if dense_x1:
+        # dense mode stores each row's d x1; convolution mode adds each edge's term into its
+        # sender's row with X1_ATOMIC (else tp_dbwd_x1_csr walks the senders)
+        L.append(f"{II}if NEED_X1:")
+        IV = III + _I
+        ranks1 = _ranks(paths, "l1")
+        L += _zeros(III, "g", ranks1)
+        L += _d_x1_terms(III, sel)
+        L.append(f"{III}pdx1 = dx1_ptr + src * dx1_row")
         L.append(f"{III}if X1_ATOMIC:")
-        L += _store_input_grad(III + _I, "pdx1", "g", ranks1, in1_l_max, "RED_X1", atomic=True)
+        L += _store_input_grad(IV, "pdx1", "g", ranks1, in1_l_max, "RED_X1", atomic=True)
         L.append(f"{III}else:")
-        L += _store_input_grad(III + _I, "pdx1", "g", ranks1, in1_l_max, "RED_X1")
-    else:
-        L += _store_input_grad(III, "pdx1", "g", ranks1, in1_l_max, "RED_X1", atomic=True)
+        L += _store_input_grad(IV, "pdx1", "g", ranks1, in1_l_max, "RED_X1")
     L.append(f"{I}if NEED_GO:")
     L.append(f"{II}pdgo = dgo_ptr + orow * go_row")
     L += [f"{II}tl.store(pdgo + {k} * F + f, acc{k}, mask=fm)" for k in blocks]

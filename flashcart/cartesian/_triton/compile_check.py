@@ -150,26 +150,12 @@ def _variants(dbwd_only: bool):
             dict(CONV=True, NEED_X1=False, RED_X1=False, W_INDEX=True, W_ROWS=True, SPLITS=4, **{**training, "ROW_GROUPS": True}),
         ),
         (
-            # FLASHCART_FUSED_DOUBLE_BACKWARD=atomic: d x1 added into the senders' rows, no sender pass
+            # the default: d x1 added into the senders' rows, no sender pass (the variants above
+            # without NEED_X1 are the receiver pass of FLASHCART_FUSED_DOUBLE_BACKWARD=sender)
             "dbwd",
             TP_DBWD_ROW,
             "tp_dbwd_row training + atomic d_x1, rows, 4 splits",
             dict(CONV=True, NEED_X1=True, X1_ATOMIC=True, RED_X1=False, W_INDEX=True, W_ROWS=True, SPLITS=4, **training),
-        ),
-        (
-            "dbwd",
-            TP_DBWD_ROW,
-            "tp_dbwd_row training + atomic d_x1, rows, groups",
-            dict(
-                CONV=True,
-                NEED_X1=True,
-                X1_ATOMIC=True,
-                RED_X1=False,
-                W_INDEX=True,
-                W_ROWS=True,
-                SPLITS=4,
-                **{**training, "ROW_GROUPS": True},
-            ),
         ),
         (
             "dbwd",

@@ -2,9 +2,9 @@
 
 Given the backward ``(g1, g2, gw) = tp_bwd(go, x1, x2, w)`` and cotangents ``gg1, gg2, ggw``
 of its outputs (any of them absent), ``tp_dbwd`` returns the derivatives of
-``<gg1, g1> + <gg2, g2> + <ggw, gw>`` with respect to ``go, x1, x2, w`` in two launches
-(one in dense mode, or with :data:`X1_ATOMIC`) of the generated kernels of ``codegen_double``, instead of up to ten
-``tp_fwd``/``tp_bwd`` launches with substituted operands.
+``<gg1, g1> + <gg2, g2> + <ggw, gw>`` with respect to ``go, x1, x2, w`` in one launch of the
+generated kernels of ``codegen_double`` (two in convolution mode with the sender pass: see
+:data:`X1_ATOMIC`), instead of up to ten ``tp_fwd``/``tp_bwd`` launches with substituted operands.
 
 The op itself has no derivative: ``ops._tp_bwd_backward`` calls it only when the double
 backward is not recorded for a further derivative (grad mode off, or nothing requires
@@ -32,19 +32,18 @@ __all__ = ["tp_dbwd", "fused_outputs", "env_mode", "x1_by_atomics", "SPLIT_ROW_P
 _ENV = "FLASHCART_FUSED_DOUBLE_BACKWARD"
 # value -> (fused, SPLIT_ROW_PASS, ROW_GROUPS, X1_ATOMIC)
 ENV_MODES = {
-    "1": (True, False, False, False),
+    "1": (True, False, False, True),
     "0": (False, False, False, False),
+    "sender": (True, False, False, False),
     "split": (True, True, False, False),
     "grouped": (True, False, True, False),
-    "atomic": (True, False, False, True),
-    "grouped-atomic": (True, False, True, True),
 }
 
 
 def env_mode() -> tuple[bool, bool, bool, bool]:
-    """``FLASHCART_FUSED_DOUBLE_BACKWARD``: ``1`` (default) fused, ``0`` composed, ``split``,
-    ``grouped``, ``atomic`` or ``grouped-atomic`` fused with that layout; anything else is an
-    error naming it."""
+    """``FLASHCART_FUSED_DOUBLE_BACKWARD``: ``1`` (default) fused in one launch, ``0`` composed,
+    ``sender``, ``split`` or ``grouped`` fused with that layout (each with the sender pass for
+    d x1); anything else is an error naming it."""
     raw = os.environ.get(_ENV, "").strip() or "1"
     if raw not in ENV_MODES:
         raise ValueError(f"environment variable {_ENV} must be one of {', '.join(ENV_MODES)}, got {raw!r}")
@@ -58,20 +57,20 @@ def env_mode() -> tuple[bool, bool, bool, bool]:
 # program per receiver, channel block and output rank): fewer registers per program (no
 # spills where the merged pass spills), the small edge and node operands read once per rank,
 # each weight column still once. benchmarks/kernels.py compares them on the GPU.
-# X1_ATOMIC: the receiver pass also adds each edge's d x1 term into its sender's row by atomic
-# adds (the weights, their cotangent and the edge operands read once instead of twice; no
-# sender pass). The float sums then depend on the order the adds land in, so with
-# torch.use_deterministic_algorithms(True) the sender pass runs instead. With ROW_GROUPS too,
-# each path group adds its paths' part of d x1 (no spills where the one-pass kernel spills; the
-# atomics and the small edge operands once per group).
+# X1_ATOMIC (default): the receiver pass also adds each edge's d x1 term into its sender's row
+# by atomic adds (the weights, their cotangent and the edge operands read once instead of
+# twice; no sender pass: H100, 2026-12-07, -18 % at 64 channels, the training step -3.7 %).
+# The float sums then depend on the order the adds land in, so with
+# torch.use_deterministic_algorithms(True), and with ``sender``, the sender pass
+# (tp_dbwd_x1_csr, one program per sender, no atomics) runs instead.
 _, SPLIT_ROW_PASS, ROW_GROUPS, X1_ATOMIC = env_mode()
 
 
 def x1_by_atomics(conv: bool, need_x1: bool) -> bool:
     """Whether this launch adds convolution-mode ``d x1`` in the receiver pass (:data:`X1_ATOMIC`,
-    one receiver pass or one per path group, deterministic algorithms off) instead of running
-    ``tp_dbwd_x1_csr``."""
-    return X1_ATOMIC and not SPLIT_ROW_PASS and conv and need_x1 and not torch.are_deterministic_algorithms_enabled()
+    one-pass layout, deterministic algorithms off) instead of running ``tp_dbwd_x1_csr``."""
+    one_pass = not (SPLIT_ROW_PASS or ROW_GROUPS)
+    return X1_ATOMIC and one_pass and conv and need_x1 and not torch.are_deterministic_algorithms_enabled()
 
 
 def fused_outputs(has_gg1: bool, has_gg2: bool, has_ggw: bool, need: tuple[bool, bool, bool, bool]) -> tuple[bool, bool, bool, bool]:

@@ -547,7 +547,7 @@ def _tp_bwd_backward(ctx, gg1, gg2, ggw):
     ``d go = F(gg1, x2, w) + F(x1, gg2, w) + F(x1, x2, ggw)``,
     ``d x1 = G1(go, gg2, w) + G1(go, x2, ggw)``, ``d x2 = G2(go, gg1, w) + G2(go, x1, ggw)``,
     ``d w = Gw(go, gg1, x2) + Gw(go, x1, gg2)`` with ``F = tp_fwd`` and ``G* = tp_bwd``.
-    By default the fused kernels evaluate all of it in two launches (``tp_dbwd``); the
+    By default the fused kernels evaluate all of it in one launch (``tp_dbwd``); the
     composition above (up to ten launches) runs when the result must itself be
     differentiable or with ``FUSED_DOUBLE_BACKWARD`` off.
     """
