@@ -45,7 +45,7 @@ def test_without_the_interpreter():
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     # every test below ran there (only this one skipped itself)
-    assert proc.stdout.splitlines()[-1].startswith("13 passed, 1 skipped"), proc.stdout[-500:]
+    assert proc.stdout.splitlines()[-1].startswith("14 passed, 1 skipped"), proc.stdout[-500:]
 
 
 class _Call(torch.nn.Module):
@@ -210,9 +210,12 @@ def test_linear_pair_lowers_to_kernels():
 
 
 @uninterpreted
-def test_fused_double_backward_lowers_to_kernels():
+@pytest.mark.parametrize("x1_atomic", [True, False])
+def test_fused_double_backward_lowers_to_kernels(x1_atomic, monkeypatch):
+    from flashcart.cartesian._triton import double_backward
     from flashcart.cartesian._triton.double_backward import tp_dbwd
 
+    monkeypatch.setattr(double_backward, "X1_ATOMIC", x1_atomic)
     key = product_key(2, 3, 2, False, False)
     spec, F, n, e = product_spec(key), 4, 7, 20
     torch.manual_seed(0)
@@ -226,8 +229,12 @@ def test_fused_double_backward_lowers_to_kernels():
     def fn(go, x1, x2, w, gg1, gg2, ggw, receivers, senders, rowptr, perm, srowptr):
         return tp_dbwd(go, x1, x2, w, gg1, gg2, ggw, receivers, senders, rowptr, perm, srowptr, None, None, key, True, True, True, True)
 
-    # the receiver pass (d go, d x2, d w) and the sender pass (d x1)
-    _assert_lowered(_trace(fn, go, x1, x2, w, gg1, gg2, ggw, receivers, senders, *csr), 2)
+    # the receiver pass (d go, d x2, d w, and d x1 by atomic adds: inductor must see that
+    # write too), or it and the sender pass (d x1, FLASHCART_FUSED_DOUBLE_BACKWARD=sender)
+    graph = _trace(fn, go, x1, x2, w, gg1, gg2, ggw, receivers, senders, *csr)
+    _assert_lowered(graph, 1 if x1_atomic else 2)
+    written = set().union(*(n.kwargs["tensors_to_clone"] for n in graph.graph.nodes if "triton_kernel_wrapper" in str(n.target)))
+    assert "dx1_ptr" in written
 
 
 class _Captured(Exception):
