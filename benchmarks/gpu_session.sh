@@ -198,11 +198,8 @@
 #   defaults one GPU, next: the model's table, static-list and opt-in settings' GPU tests, the tables' and the linear pairs'
 #   training one GPU: the training step's kernels of both published models under the new defaults, the double
 #            backward's layouts with static shapes
-#   nightkernels one GPU: part nightmin cut to about 2.5 minutes (two parity cases)
-#   nightmin one GPU: part nightshort without graph_bound (the kernels, then the atomic mode's GPU parity; 4.5 minutes)
-#   nightshort one GPU: part night without the liststests groups (about 7 minutes)
-#   night    one GPU: FLASHCART_FUSED_DOUBLE_BACKWARD=atomic and grouped-atomic A/B and part liststests in one call: the kernels
-#            fused against both, then graph_bound --training for all three beside five GPU test groups (about 9 minutes)
+#   dbwdnext one GPU: i3c3f64l2's training step, the one-launch double backward (default) against the sender pass,
+#            beside the conv-l3 parity case, the Triton .pt2 tests and the compiled settings' test (about 9 minutes)
 #   ab       one GPU: graph_bound under nine settings compiled side by side (sender walk, norm forms, static lists, combo
 #            kernels, linear pairs, tables of 1024 and 2048 intervals)
 #   walk     one GPU: graph_bound with static lists 0/1 and the first convolution's backward as the sender walk
@@ -307,30 +304,17 @@ bound_ab() {  # SECONDS "LOG VAR=VALUE ..."...: graph_bound.py (i2c3f20l2r, 4096
   wait
 }
 
-kernels_atomic() {  # SECONDS: the double backward's kernels, fused against atomic and grouped-atomic, at 20 and 64 channels
-  # (kernels.py), output in $out/kernels_atomic.log
-  timeout "$1" python3 benchmarks/kernels.py --features 20 64 --out-l-max 3 --backends triton --dbwd fused atomic grouped-atomic --row-sums atomic \
-    > "$out/kernels_atomic.log" 2>&1
-}
-
-atomic_ab() {  # KERNELS_S BOUND_S TESTS_S MODEL_S [ITEM...]: FLASHCART_FUSED_DOUBLE_BACKWARD=atomic and grouped-atomic against
-  # the default (parts night, nightshort): kernels.py fused against both alone on the GPU; then three graph_bound --training
-  # processes (defaults, atomic, grouped-atomic) compile while the atomic modes' GPU parity tests and each extra gpu_tests ITEM (an optional
-  # leading VAR=VALUE sets its environment) run side by side; every test group's end is a barrier marker, so the
-  # timed rounds run after the last test
-  local tk=$1 tb=$2 tt=$3 tm=$4 setting i=0; shift 4
-  local n=$(($# + 4))  # barrier markers: three graph_bound processes, the atomic modes' tests, each ITEM
-  kernels_atomic "$tk"
+dbwd_ab() {  # MODEL BOUND_S [ITEM...]: graph_bound --training of MODEL with the double backward's default (d x1 by
+  # atomic adds, one launch) and with FLASHCART_FUSED_DOUBLE_BACKWARD=sender, compiled side by side while each gpu_tests
+  # ITEM runs (an optional leading VAR=VALUE sets its environment); every ITEM's end is a barrier marker, so the timed
+  # rounds run after the last test
+  local model=$1 tb=$2 setting i=0; shift 2
+  local n=$(($# + 2))  # barrier markers: two graph_bound processes, each ITEM
   rm -f /tmp/bound.lock.ready.*
-  for setting in "ab_dbwd_default.log FLASHCART_FUSED_DOUBLE_BACKWARD=1" "ab_dbwd_atomic.log FLASHCART_FUSED_DOUBLE_BACKWARD=atomic" \
-    "ab_dbwd_grouped_atomic.log FLASHCART_FUSED_DOUBLE_BACKWARD=grouped-atomic"; do
-    (export "${setting#* }"; timeout "$tb" python3 benchmarks/graph_bound.py --device cuda --model i2c3f20l2r --rounds 7 --training \
+  for setting in "ab_dbwd_default_$model.log FLASHCART_FUSED_DOUBLE_BACKWARD=1" "ab_dbwd_sender_$model.log FLASHCART_FUSED_DOUBLE_BACKWARD=sender"; do
+    (export "${setting#* }"; timeout "$tb" python3 benchmarks/graph_bound.py --device cuda --model "$model" --rounds 7 --training \
       --lock /tmp/bound.lock --barrier "$n" > "$out/${setting%% *}" 2>&1) &
   done
-  (gpu_tests 0 "tests/cartesian/test_fused_double_backward.py::test_fused_double_backward_parity_on_gpu tests/cartesian/test_weight_rows.py::test_weight_rows_equal_gathered_weights:$tt" > "$out/tests_atomic.log" 2>&1
-   FLASHCART_FUSED_DOUBLE_BACKWARD=atomic gpu_tests 0 "tests/model/test_gpu_model.py::test_triton_model_matches_torch_model_with_training_gradients:$tm" >> "$out/tests_atomic.log" 2>&1
-   FLASHCART_FUSED_DOUBLE_BACKWARD=grouped-atomic gpu_tests 0 "tests/model/test_gpu_model.py::test_triton_model_matches_torch_model_with_training_gradients:$tm" >> "$out/tests_atomic.log" 2>&1
-   touch /tmp/bound.lock.ready.t0) &
   for item in "$@"; do
     i=$((i + 1))
     case $item in
@@ -1383,32 +1367,14 @@ training)
   timeout 150 python3 benchmarks/kernels.py --features 20 64 --out-l-max 3 --backends triton --dbwd fused split grouped \
     --row-sums atomic > "$out/kernels_dbwd_layouts.log" 2>&1
   ;;
-nightkernels)
-  # the least device time (about 2.5 minutes): the double backward's kernels fused against atomic, then the atomic
-  # layout's GPU parity at 20 and 64 channels (float64, 1e-10)
-  kernels_atomic 100
-  gpu_tests 0 "tests/cartesian/test_fused_double_backward.py::test_fused_double_backward_parity_on_gpu[conv-f20] tests/cartesian/test_fused_double_backward.py::test_fused_double_backward_parity_on_gpu[conv-f64-reduce]:55" \
-    > "$out/tests_atomic.log" 2>&1
-  ;;
-nightmin)
-  # part nightshort in about 4.5 minutes (what device time was left): the double backward's kernels fused against atomic
-  # alone on the GPU, then the atomic mode's GPU parity (the fused double backward with every layout, weight rows)
-  kernels_atomic 100
-  gpu_tests 0 "tests/cartesian/test_fused_double_backward.py::test_fused_double_backward_parity_on_gpu tests/cartesian/test_weight_rows.py::test_weight_rows_equal_gathered_weights:150" > "$out/tests_atomic.log" 2>&1
-  ;;
-nightshort)
-  # part night cut to about 7 minutes (the session's device time after failed starts): the double backward's kernels
-  # fused against atomic, then graph_bound --training for both beside the atomic mode's GPU parity tests
-  atomic_ab 130 290 130 70
-  ;;
-night)
-  # 2026-12-07 night, one call for the atomic double backward and part liststests (about 9 minutes): part nightshort with liststests' four
-  # GPU test groups beside the atomic mode's, each group's end a barrier marker
-  atomic_ab 150 380 140 70 \
-    "tests/model/test_gpu_model.py::test_compiled_settings_on_gpu:250" \
-    "FLASHCART_STATIC_LIST=1 tests/integrations/test_gpu.py tests/simulation/test_static_list.py:250" \
-    "tests/export/test_gpu_export.py -k True:250" \
-    "tests/cartesian/test_triton_parity.py -k linear_parity:120"
+dbwdnext)
+  # after 2026-12-07 late night (about 9 minutes): i3c3f64l2's training step with the one-launch double backward (the
+  # default) against the sender pass, beside what the night's call cut short: the fused double backward's conv-l3
+  # parity case (every layout), the Triton .pt2 packages, the compiled model with each opt-in setting
+  dbwd_ab i3c3f64l2 520 \
+    "tests/cartesian/test_fused_double_backward.py::test_fused_double_backward_parity_on_gpu[conv-l3]:300" \
+    "tests/export/test_gpu_export.py -k True:360" \
+    "tests/model/test_gpu_model.py::test_compiled_settings_on_gpu:360"
   ;;
 ab)
   # the force call's settings still untimed, side by side (about 4 minutes with one cold compile): the defaults; the
@@ -1507,7 +1473,7 @@ slopesquick)
   table_ab 110 FLASHCART_TABLE_SLOPES=1 FLASHCART_TABLE_SLOPES=0 > "$out/profile_slopes.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (static, static2, walk, walktests, tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, night, nightshort, nightmin, nightkernels, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, pathgroups, splitsauto, splitsautotrain, splitsparity, prefetch, prefetch2, geomdump, eagercache, rowwise, eagernext, eagersync, rmsforms, edges or ddp)"; exit 2
+  echo "unknown part $part (static, static2, walk, walktests, tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, dbwdnext, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, pathgroups, splitsauto, splitsautotrain, splitsparity, prefetch, prefetch2, geomdump, eagercache, rowwise, eagernext, eagersync, rmsforms, edges or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done
