@@ -14,7 +14,8 @@ atomics, the edge operands read once), ``sender`` (fused, d x1 in a pass per sen
 atomics: two launches), ``split`` (as ``sender``, with the output cotangent's result in a
 receiver pass of its own: three launches, fewer registers), ``grouped`` (as ``sender``, the
 receiver pass split by output rank over a grid axis: two launches, no register spills) and
-``composed`` (tp_fwd/tp_bwd launches with substituted operands, ``FLASHCART_FUSED_DOUBLE_BACKWARD=0``). The Triton backward is also timed the other way of
+``composed`` (tp_fwd/tp_bwd launches with substituted operands,
+``FLASHCART_FUSED_DOUBLE_BACKWARD=0``). The Triton backward is also timed the other way of
 ``FLASHCART_FUSED_CSR_BACKWARD`` (one pass per sender, ``tp_bwd_csr``, against the two kernels).
 ``--splits 1 2 4`` times the Triton kernels with each node's edges walked by that many programs
 in every walk (``FLASHCART_TP_SPLITS`` and ``FLASHCART_DBWD_SPLITS``; default: the environment's
