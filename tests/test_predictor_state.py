@@ -123,7 +123,9 @@ def test_trace_autograd_ops_is_set_only_inside_compiled_calls(model, batch):
         ("default", "cuda", {"mode": None}, False),
     ],
 )
-def test_compile_mode_is_kept_or_explicitly_reduced_on_cpu(model, mode, device, expected, warns):
+def test_compile_mode_is_kept_or_explicitly_reduced_on_cpu(model, mode, device, expected, warns, monkeypatch):
+    """CUDA calls keep the mode (with inductor's combined kernels off: see the next test)."""
+    monkeypatch.setenv("FLASHCART_COMBO_KERNELS", "0")
     p = Predictor(model, compile=True, compile_mode=mode)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -137,20 +139,20 @@ def test_compile_mode_is_kept_or_explicitly_reduced_on_cpu(model, mode, device, 
 
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune-no-cudagraphs"])
 def test_combo_kernels_switch_adds_inductors_option_on_cuda(model, mode, monkeypatch):
-    """``FLASHCART_COMBO_KERNELS=1``: compiled CUDA calls pass the mode's own inductor options plus
-    ``combo_kernels`` (options replace the mode); CPU calls and the default are unchanged; a value
-    other than 0 or 1 is an error naming the variable."""
+    """``FLASHCART_COMBO_KERNELS=1`` (the default): compiled CUDA calls pass the mode's own
+    inductor options plus ``combo_kernels`` (options replace the mode); CPU calls and ``0`` are
+    unchanged; a value other than 0 or 1 is an error naming the variable."""
     from torch._inductor import list_mode_options
 
     p = Predictor(model, compile=True, compile_mode=mode)
-    monkeypatch.setenv("FLASHCART_COMBO_KERNELS", "1")
-    assert p._compile_options("cuda") == {"options": {**list_mode_options(mode), "combo_kernels": True}}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        assert "combo_kernels" not in p._compile_options("cpu")["options"]
-    for unset in ("0", ""):
-        monkeypatch.setenv("FLASHCART_COMBO_KERNELS", unset)
-        assert p._compile_options("cuda") == {"mode": None if mode == "default" else mode}
+    for on in ("1", ""):
+        monkeypatch.setenv("FLASHCART_COMBO_KERNELS", on)
+        assert p._compile_options("cuda") == {"options": {**list_mode_options(mode), "combo_kernels": True}}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert "combo_kernels" not in p._compile_options("cpu")["options"]
+    monkeypatch.setenv("FLASHCART_COMBO_KERNELS", "0")
+    assert p._compile_options("cuda") == {"mode": None if mode == "default" else mode}
     monkeypatch.setenv("FLASHCART_COMBO_KERNELS", "yes")
     with pytest.raises(ValueError, match="FLASHCART_COMBO_KERNELS must be 0 or 1, got 'yes'"):
         p._compile_options("cuda")

@@ -125,16 +125,19 @@ def inline_triton_ops() -> bool:
 
 def combo_kernels() -> bool:
     """Whether compiled calls on CUDA let inductor fuse independent kernels into one launch
-    (``FLASHCART_COMBO_KERNELS=1``: inductor's ``combo_kernels`` option, its horizontal fusion;
-    ``0``, the default until timed on a GPU, leaves inductor's own default).
+    (``FLASHCART_COMBO_KERNELS=1``, the default: inductor's ``combo_kernels`` option, its
+    horizontal fusion; ``0`` leaves inductor's own default).
 
     The reduce-overhead force call of i2c3f20l2r on the 1000-atom diamond is GPU-bound (on the
     H100, 2026-12-07: 1.515 ms of GPU time in a 1.533 ms call; 152 launches, 1.444 ms of kernels,
     so about 0.07 ms between launches), and about 100 of its launches are inductor's small
     elementwise and reduction kernels of a few microseconds each: combining independent ones
-    saves their launches and the gaps between them. Read when a Predictor compiles; any value
-    other than 0 or 1 raises an error naming the variable."""
-    return env_switch("FLASHCART_COMBO_KERNELS", default=False)
+    saves their launches and the gaps between them: 0.014-0.019 ms of 1.25 ms of GPU time on an
+    H100 (benchmarks/RESULTS.md, 2026-12-07 evening), and compiled calls and training steps
+    equal eager ones with it on the GPU (tests/model/test_gpu_model.py, 2026-12-07 late night).
+    Read when a Predictor compiles; any value other than 0 or 1 raises an error naming the
+    variable."""
+    return env_switch("FLASHCART_COMBO_KERNELS", default=True)
 
 
 class _CompileSettings:

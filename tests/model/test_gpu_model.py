@@ -57,23 +57,23 @@ def test_compiled_equals_eager_on_gpu(mode):
 
 
 def _switch_on(setting: str, monkeypatch) -> None:
-    """Turn on one of the compiled call's opt-in settings (off by default), or turn the linear-map
-    pairs (on by default) off."""
+    """Turn on one of the compiled call's opt-in settings (off by default), or turn a default
+    (inductor's combined kernels, the linear-map pairs) off."""
     if setting == "norm-forms":  # the RMS norm's invariants as quadratic forms in inductor's kernels
         import flashcart.nn.blocks as blocks
 
         monkeypatch.setattr(blocks, "_NORM_FORMS", True)
-    elif setting == "combo-kernels":  # inductor's combined kernels (read when the Predictor compiles)
-        monkeypatch.setenv("FLASHCART_COMBO_KERNELS", "1")
+    elif setting == "no-combo-kernels":  # inductor's own fusion only (read when the Predictor compiles)
+        monkeypatch.setenv("FLASHCART_COMBO_KERNELS", "0")
     else:  # no linear-map pairs: the message map and skip connection launched one by one
         import flashcart.cartesian._triton.ops as ops
 
         monkeypatch.setattr(ops, "LINEAR_PAIRS", False)
 
 
-@pytest.mark.parametrize("setting", ["combo-kernels", "separate-maps", "norm-forms"])
+@pytest.mark.parametrize("setting", ["no-combo-kernels", "separate-maps", "norm-forms"])
 def test_compiled_settings_on_gpu(monkeypatch, setting):
-    """FLASHCART_NORM_FORMS=1, FLASHCART_COMBO_KERNELS=1 and FLASHCART_LINEAR_PAIRS=0, each alone:
+    """FLASHCART_NORM_FORMS=1, FLASHCART_COMBO_KERNELS=0 and FLASHCART_LINEAR_PAIRS=0, each alone:
     reduce-overhead calls == eager calls (float64, 1e-10: energy, forces, stress), and a compiled
     training step's parameter gradients == eager ones (1e-9)."""
     _switch_on(setting, monkeypatch)
@@ -138,7 +138,7 @@ def test_radial_tables_on_gpu_compiled_and_eager(monkeypatch, kernel):
 
 @pytest.mark.parametrize("pad", [True, False], ids=["padded", "unpadded"])
 def test_static_lists_in_reduce_overhead_calls(monkeypatch, pad):
-    """FLASHCART_STATIC_LIST=1 (flashcart.model.static_buffers): a reduce-overhead Predictor keeps
+    """FLASHCART_STATIC_LIST=1 (the default, flashcart.model.static_buffers): a reduce-overhead Predictor keeps
     each list (padded: the padded list; unpadded: a copy of the caller's) and its layout at fixed
     addresses, the CUDA graph reads them in place, and lists that change (A, A, B, A, B; the same
     capacities, or for unpadded calls B is A's edges in another order) give the eager results

@@ -97,7 +97,7 @@ def test_an_unpadded_predictor_with_static_lists_equals_one_without(model, make_
 
 
 def test_static_list_setting_from_the_environment(monkeypatch):
-    for raw, expected in (("", False), ("0", False), ("1", True)):
+    for raw, expected in (("", True), ("0", False), ("1", True)):
         monkeypatch.setenv("FLASHCART_STATIC_LIST", raw)
         assert static_list_mode() is expected
     monkeypatch.setenv("FLASHCART_STATIC_LIST", "on")
