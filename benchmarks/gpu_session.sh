@@ -200,6 +200,8 @@
 #            backward's layouts with static shapes
 #   dbwdnext one GPU: i3c3f64l2's training step, the one-launch double backward (default) against the sender pass,
 #            beside the conv-l3 parity case, the Triton .pt2 tests and the compiled settings' test (about 9 minutes)
+#   defaultsnow one GPU: the force call with static lists and combined kernels (the defaults since 2026-12-07 late
+#            night) against both off, then the profiler's reduce-overhead call with tables (about 5 minutes)
 #   ab       one GPU: graph_bound under nine settings compiled side by side (sender walk, norm forms, static lists, combo
 #            kernels, linear pairs, tables of 1024 and 2048 intervals)
 #   walk     one GPU: graph_bound with static lists 0/1 and the first convolution's backward as the sender walk
@@ -1376,6 +1378,13 @@ dbwdnext)
     "tests/export/test_gpu_export.py -k True:360" \
     "tests/model/test_gpu_model.py::test_compiled_settings_on_gpu:360"
   ;;
+defaultsnow)
+  # after dbwdnext (about 5 minutes): the force call under the defaults of 2026-12-07 late night (static lists and
+  # combined kernels on) against both off, graph_bound side by side with tables; then the profiler itself
+  # (reduce-overhead force call, tables): the 1.5 ms target under the new defaults
+  bound_ab 240 "ab_now.log" "ab_lists0_combo0.log FLASHCART_STATIC_LIST=0 FLASHCART_COMBO_KERNELS=0"
+  table_ab 100 "FLASHCART_STATIC_LIST=1" > "$out/profile_now.log" 2>&1
+  ;;
 ab)
   # the force call's settings still untimed, side by side (about 4 minutes with one cold compile): the defaults; the
   # first convolution's backward as the sender walk; the RMS norm's invariants as quadratic forms; static lists (the
@@ -1473,7 +1482,7 @@ slopesquick)
   table_ab 110 FLASHCART_TABLE_SLOPES=1 FLASHCART_TABLE_SLOPES=0 > "$out/profile_slopes.log" 2>&1
   ;;
 *)
-  echo "unknown part $part (static, static2, walk, walktests, tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, dbwdnext, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, pathgroups, splitsauto, splitsautotrain, splitsparity, prefetch, prefetch2, geomdump, eagercache, rowwise, eagernext, eagersync, rmsforms, edges or ddp)"; exit 2
+  echo "unknown part $part (static, static2, walk, walktests, tests, measure, diagnose, check, verify, next, diag, final, aoti, timings, recheck, devlist, last, prebound, pt2, omm, step, verify2, export, pt2energy, morning, evening, pt2dump, final2, pt2check, pt2cells, csrtime, modelgpu, pt2time, trainprofile, fixed, fixeddiamond, fixed2, trainprofile2, fixedprofile, edgeblocks, final3, nextcall, fixedtime, eagerab, fixed64, stepgrads, gemms, prebounddefault, tsdense, linsplit, pairs, csrbwd, csrcheck, afterbwd, wrows, wrows2, rowsfinal, pairsnext, pairstrain, final4, pipeab, final5, nextgpu, linroute, matmulab, nextmatmul, rowsum, rowtrain, splits, final6, nextsplits, owner, trainratio, dbwdnext, defaultsnow, stepgraph, stepgraphtiny, nextstep, profile2, unitab, unittiles, dbwdgroups, verify3, engineneeds, ncu, ncu2, ncu3, pathgroups, splitsauto, splitsautotrain, splitsparity, prefetch, prefetch2, geomdump, eagercache, rowwise, eagernext, eagersync, rmsforms, edges or ddp)"; exit 2
   ;;
 esac
 for f in "$out"/*.log; do echo "##### $f"; tail -40 "$f"; done
